@@ -1,0 +1,33 @@
+"""Where the project's optional shared evaluation data lives.
+
+The evaluation data (``shared/data``, see its SOURCES.md files) is not shipped with the package. It is looked up
+in ``$SHARPGRPO_SHARED_DIR`` if set, else in a ``shared`` folder beside the repository checkout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path | None:
+    """The shared folder (holding ``data/``), or None where it is absent (as in a user's clone)."""
+    candidates = []
+    if os.environ.get("SHARPGRPO_SHARED_DIR"):
+        candidates.append(Path(os.environ["SHARPGRPO_SHARED_DIR"]))
+    candidates.append(REPO_ROOT.parent / "shared")
+    for candidate in candidates:
+        if (candidate / "data").is_dir():
+            return candidate
+    return None
+
+
+def shared_data_dir(subdir: str = "") -> Path | None:
+    """``shared/data/<subdir>`` or None where the shared folder is absent."""
+    root = shared_dir()
+    if root is None:
+        return None
+    path = root / "data" / subdir
+    return path if path.exists() else None

@@ -1,0 +1,69 @@
+"""Name-keyed registries (verl style) for strategies, reward functions and datasets.
+
+A registry maps a name to an object. ``get`` also accepts a dotted import path (``package.module.attribute``
+or ``package.module:attribute``) so users can plug their own objects without registering them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def import_from_path(path: str):
+    """Import ``package.module.attr`` or ``package.module:attr`` and return the attribute."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep:
+        module_name, _, attribute = path.rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"{path!r} is not a dotted import path of the form 'package.module.attribute'.")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"Could not import module {module_name!r} for {path!r}: {error}") from error
+    try:
+        return getattr(module, attribute)
+    except AttributeError as error:
+        raise ValueError(f"Module {module_name!r} has no attribute {attribute!r} (from {path!r}).") from error
+
+
+class Registry(Generic[T]):
+    """A registry of named objects of one kind (``kind`` appears in error messages)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: ``@registry.register("name")``. A duplicate name is an error."""
+
+        def decorator(obj: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"A {self.kind} named {name!r} is already registered.")
+            self._entries[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name_or_path: str) -> T:
+        """Look up a registered name, or import a dotted path (a name containing '.' or ':')."""
+        if name_or_path in self._entries:
+            return self._entries[name_or_path]
+        if "." in name_or_path or ":" in name_or_path:
+            return import_from_path(name_or_path)
+        raise ValueError(
+            f"Unknown {self.kind} {name_or_path!r}. Valid names: {', '.join(sorted(self._entries))}; "
+            "or give a dotted import path such as 'my_package.my_module.my_object'."
+        )
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())

@@ -1,0 +1,108 @@
+"""Strategy interfaces and the strategy registry.
+
+Two kinds of strategy change the GRPO policy loss (METHODS.md, notation):
+
+* a **token-weight** strategy returns ``w[i, t]`` used inside the per-token surrogate of every micro-batch
+  (placement ``ratio`` or ``loss``); it sees only the current micro-batch and is evaluated from the detached,
+  temperature-scaled probabilities of the policy being trained (GRPO-SG Eq. 19);
+* an **advantage** strategy returns token advantages ``A[i, t]`` replacing TRL's broadcast ``A[i]``; it is run
+  once per generation batch, before TRL shuffles and splits it, on whole groups gathered from every process.
+
+Strategies are pure tensor code: no trainer, accelerate or transformers imports. Each registered class is a thin
+adapter that reads its parameters from the config (any object with the documented attributes) and calls a pure
+function that cites its equation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from sharpgrpo.registry import Registry
+
+STRATEGIES: Registry[type] = Registry("strategy")
+register_strategy = STRATEGIES.register
+
+
+@dataclass(frozen=True)
+class GenerationBatch:
+    """Whole groups of one generation batch, as seen by advantage strategies.
+
+    Rows are completions, ordered so that the ``num_generations`` completions of a group are consecutive
+    (``group_ids`` is non-decreasing) and every group is complete, even when the groups were split across
+    processes for generation. Shapes: ``B`` completions, ``T`` the longest completion (right padded).
+
+    Attributes:
+        old_logps: (B, T) float, detached temperature-scaled log-probabilities of the sampled tokens under the
+            policy that sampled them.
+        completion_mask: (B, T) {0, 1}, 1 on completion tokens that enter the loss.
+        completion_ids: (B, T) long, the sampled tokens.
+        advantages: (B, T) float, the token advantages so far (TRL's group-normalised ``A[i]`` broadcast over
+            ``t``, or the output of an earlier advantage strategy in the configured list).
+        rewards: (B,) float, the total (weighted) reward of each completion.
+        group_ids: (B,) long, the group (prompt) each completion belongs to.
+        num_generations: completions per group, ``G``.
+        hidden_states: (B, T, H) float or None; last-layer hidden states at the positions predicting each
+            completion token (the input of the unembedding). Filled only for strategies that set
+            ``needs_hidden_states``.
+        unembedding_weight: (V, H) or None; the LM head weight, with ``unembedding_bias`` (V,) or None.
+        temperature: the sampling temperature that scales the logits.
+    """
+
+    old_logps: torch.Tensor
+    completion_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    num_generations: int
+    hidden_states: torch.Tensor | None = None
+    unembedding_weight: torch.Tensor | None = None
+    unembedding_bias: torch.Tensor | None = None
+    temperature: float = 1.0
+
+
+class TokenWeightStrategy:
+    """Base class of token-weight strategies. Subclasses implement ``weights``."""
+
+    kind: ClassVar[str] = "weight"
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) detached log-probabilities and mask -> (B, T) weights (any value on masked positions)."""
+        raise NotImplementedError
+
+    def bounds(self) -> tuple[float, float]:
+        """The range the weights can take; tokens at either end are counted in ``token_weight/frac_at_*``."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """State that must survive checkpoint and resume (e.g. a random generator)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class AdvantageStrategy:
+    """Base class of advantage strategies. Subclasses implement ``token_advantages``."""
+
+    kind: ClassVar[str] = "advantage"
+    needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Whole groups -> ((B, T) token advantages, metrics averaged over the batch)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

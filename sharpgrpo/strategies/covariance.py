@@ -1,0 +1,218 @@
+"""CW-GRPO: covariance Gaussian-kernel advantage weights (METHODS.md §2).
+
+Wang, Liu, Zhou and Chen, "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage
+Reweighting" (ACL 2026 short, arXiv:2605.11538), §2.3. The paper's displays carry no equation numbers, so they
+are cited by the symbol they define:
+
+* §2.3 ``c_{i,t}``:  c[i,t] = (logp[i,t] - mean(logp)) * (A[i] - mean(A))   (token covariance)
+* §2.3 ``w_{i,t}``:  w[i,t] = exp(-c[i,t]^2 / (2 sigma^2)), sigma = std of {c[i,t]}   (Gaussian kernel)
+* §2.3 ``w~_{i,t}``: w~[i,t] = w[i,t] * N / sum_{j,k} w[j,k], N = sum_j |o_j|   (renormalisation)
+* §2.3 ``l~_{i,t}``: l~[i,t] = r[i,t] * (w~[i,t] * A[i]) - beta * KL[i,t]   (the loss is otherwise GRPO's)
+
+Decisions (METHODS §2, where the paper is silent or loose):
+
+* The statistics are taken over a *scope*: the group (default, the paper's sums run over the G responses of one
+  prompt) or the whole generation batch. The caller passes whole scopes; under multi-process training it must
+  gather the groups first so that a 2-process run gives the weights of a 1-process run.
+* ``mean(logp)`` and ``mean(A)`` are masked **token** means over the scope, and ``sigma`` is the population
+  standard deviation (divide by N) of ``c`` over the scope's valid tokens. Because the advantages arrive per
+  token, with TRL's broadcast ``A[i]`` the token mean of A is the completion-length-weighted mean
+  ``sum_i |o_i| A[i] / sum_i |o_i|``. It is *not* the per-response mean ``(1/G) sum_i A[i]`` (which is 0 for
+  group-normalised advantages); the two coincide only when all completions of the scope have the same length.
+* ``logp`` is the detached log-probability of the policy that sampled the tokens (equal to the current policy
+  on-policy; the paper writes log pi_theta). Weights are computed once per generation batch, without gradient.
+* If ``sigma < sigma_eps`` (default 1e-8; e.g. a group whose rewards are all equal, so A = 0 and c = 0) the
+  scope's weights are 1, where the paper's formula would divide 0 by 0.
+
+Numerics: reductions are done in float64. Because w~ is invariant to multiplying a scope's ``w`` by a constant,
+the kernel is evaluated as ``exp(log w - max_scope log w)``: mathematically identical to §2.3, but the sum in the
+denominator is always >= 1, so w~ is finite even where every ``w`` of a scope would underflow to 0 (e.g. all
+``c`` nearly equal and far from 0). Masked positions get weight 1 (the token advantage there stays the input
+advantage, which the loss masks out anyway); they never enter any statistic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
+
+CW_SCOPES = ("group", "batch")
+DEFAULT_SIGMA_EPS = 1e-8
+
+
+def _scope_sum(values: torch.Tensor, inverse: torch.Tensor, num_scopes: int) -> torch.Tensor:
+    """Sum (B, T) masked values (zeros on masked positions) per scope: -> (S,)."""
+    out = torch.zeros(num_scopes, dtype=values.dtype, device=values.device)
+    return out.index_add_(0, inverse, values.sum(dim=1))
+
+
+def covariance_gaussian_weights(
+    logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    scope_ids: torch.Tensor,
+    sigma_eps: float = DEFAULT_SIGMA_EPS,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CW-GRPO §2.3 (c_{i,t}, w_{i,t}, w~_{i,t}); METHODS §2. Token weights w~ that multiply the advantages.
+
+    For every scope (the rows sharing a ``scope_ids`` value), over its valid tokens (``mask`` = 1), N of them:
+
+        c[i,t]  = (logp[i,t] - mean(logp)) * (A[i,t] - mean(A))     masked token means over the scope
+        sigma   = sqrt(mean((c - mean(c))^2))                        population std over the scope
+        w[i,t]  = exp(-c[i,t]^2 / (2 sigma^2))                       w = 1 where sigma < sigma_eps
+        w~[i,t] = w[i,t] * N / sum(w)
+
+    Shapes: logps (B, T) float; advantages (B, T) float token advantages (a (B,) per-completion advantage is
+    broadcast over T); mask (B, T) {0, 1} or bool; scope_ids (B,) integer, any values (rows of a scope need not
+    be consecutive) -> w_tilde (B, T) in the result dtype of ``logps`` and ``advantages``, 1 on masked positions.
+
+    With TRL's broadcast ``A[i]``, ``mean(A)`` is the length-weighted mean of the completions' advantages (see
+    the module docstring). Values on masked positions are ignored (they may be anything, even non-finite).
+    No gradient flows: the result never requires grad.
+
+    Returns ``(w_tilde, stats)``, ``stats`` plain floats over the whole batch passed in (call it on the gathered
+    batch; nothing needs averaging across processes afterwards):
+
+    * ``cw/weight_mean``: mean of w~ over valid tokens (1 by construction, up to rounding: a check);
+    * ``cw/weight_min``: minimum of w~ over valid tokens;
+    * ``cw/frac_below_0.5``: fraction of valid tokens with w~ < 0.5;
+    * ``cw/sigma``: mean of sigma over the scopes that have valid tokens;
+    * ``cw/kernel_mean``: mean of the unnormalised kernel w over valid tokens (how much mass is suppressed);
+    * ``cw/frac_scopes_degenerate``: fraction of scopes with valid tokens whose sigma < sigma_eps (w = 1).
+
+    A batch without valid tokens gives weight_mean = weight_min = kernel_mean = 1 and the other stats 0.
+    """
+    if logps.dim() != 2:
+        raise ValueError(f"logps must be (B, T); got shape {tuple(logps.shape)}.")
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logps)
+    if advantages.shape != logps.shape or mask.shape != logps.shape:
+        raise ValueError(
+            f"logps, advantages and mask must all be (B, T); got {tuple(logps.shape)}, "
+            f"{tuple(advantages.shape)}, {tuple(mask.shape)}."
+        )
+    if scope_ids.shape != logps.shape[:1]:
+        raise ValueError(f"scope_ids must be (B,) = ({logps.shape[0]},); got {tuple(scope_ids.shape)}.")
+    if sigma_eps < 0:
+        raise ValueError(f"sigma_eps must be >= 0; got {sigma_eps}.")
+
+    out_dtype = torch.result_type(logps, advantages)
+    if not out_dtype.is_floating_point:
+        out_dtype = torch.get_default_dtype()
+    f64 = torch.float64
+
+    with torch.no_grad():
+        valid = mask.detach().bool()
+        validf = valid.to(f64)
+        # torch.where, not multiplication, so that garbage (inf/nan) on padded positions cannot leak in.
+        logp = torch.where(valid, logps.detach().to(f64), 0.0)
+        adv = torch.where(valid, advantages.detach().to(f64), 0.0)
+
+        _, inverse = torch.unique(scope_ids.detach(), return_inverse=True)
+        inverse = inverse.to(logps.device)
+        num_scopes = int(inverse.max().item()) + 1 if inverse.numel() else 0
+
+        count = _scope_sum(validf, inverse, num_scopes)  # (S,) valid tokens N per scope
+        safe_count = count.clamp(min=1.0)
+        mean_logp = _scope_sum(logp, inverse, num_scopes) / safe_count  # (S,)
+        mean_adv = _scope_sum(adv, inverse, num_scopes) / safe_count  # (S,)
+
+        cov = (logp - mean_logp[inverse, None]) * (adv - mean_adv[inverse, None])  # (B, T) c[i,t]
+        cov = torch.where(valid, cov, 0.0)
+        mean_cov = _scope_sum(cov, inverse, num_scopes) / safe_count
+        centred = torch.where(valid, cov - mean_cov[inverse, None], 0.0)
+        sigma = (_scope_sum(centred * centred, inverse, num_scopes) / safe_count).sqrt()  # (S,)
+
+        degenerate = sigma < sigma_eps  # includes scopes without valid tokens (sigma = 0)
+        safe_sigma = torch.where(degenerate, 1.0, sigma)
+        log_kernel = -(cov * cov) / (2.0 * safe_sigma[inverse, None] ** 2)  # (B, T) log w[i,t]
+        log_kernel = torch.where(degenerate[inverse, None], 0.0, log_kernel)
+
+        # Per-scope max of log w over valid tokens; subtracting it leaves w~ unchanged and keeps sum(w) >= 1.
+        masked_log_kernel = torch.where(valid, log_kernel, -torch.inf)
+        if masked_log_kernel.shape[1] > 0:
+            row_max = masked_log_kernel.amax(dim=1)  # (B,), -inf for rows without valid tokens
+        else:
+            row_max = torch.full(masked_log_kernel.shape[:1], -torch.inf, dtype=f64, device=logps.device)
+        scope_max = torch.full((num_scopes,), -torch.inf, dtype=f64, device=logps.device)
+        scope_max = scope_max.scatter_reduce(0, inverse, row_max, reduce="amax", include_self=True)
+        scope_max = torch.where(count > 0, scope_max, 0.0)
+        shifted = torch.where(valid, torch.exp(log_kernel - scope_max[inverse, None]), 0.0)
+        shifted_sum = _scope_sum(shifted, inverse, num_scopes)  # (S,) >= 1 where count > 0
+        scale = torch.where(count > 0, count / shifted_sum.clamp(min=1.0), 1.0)
+        w_tilde = torch.where(valid, shifted * scale[inverse, None], 1.0)
+
+        stats = _weight_stats(w_tilde, torch.exp(log_kernel), valid, sigma, count, degenerate)
+    return w_tilde.to(out_dtype), stats
+
+
+def _weight_stats(
+    w_tilde: torch.Tensor,
+    kernel: torch.Tensor,
+    valid: torch.Tensor,
+    sigma: torch.Tensor,
+    count: torch.Tensor,
+    degenerate: torch.Tensor,
+) -> dict[str, float]:
+    """Batch metrics of ``covariance_gaussian_weights`` (see its docstring); (B, T) and (S,) float64 inputs."""
+    num_valid = int(valid.sum().item())
+    if num_valid == 0:
+        return {
+            "cw/weight_mean": 1.0,
+            "cw/weight_min": 1.0,
+            "cw/frac_below_0.5": 0.0,
+            "cw/sigma": 0.0,
+            "cw/kernel_mean": 1.0,
+            "cw/frac_scopes_degenerate": 0.0,
+        }
+    valid_weights = w_tilde[valid]
+    nonempty = count > 0
+    return {
+        "cw/weight_mean": valid_weights.mean().item(),
+        "cw/weight_min": valid_weights.min().item(),
+        "cw/frac_below_0.5": (valid_weights < 0.5).to(torch.float64).mean().item(),
+        "cw/sigma": sigma[nonempty].mean().item(),
+        "cw/kernel_mean": kernel[valid].mean().item(),
+        "cw/frac_scopes_degenerate": degenerate[nonempty].to(torch.float64).mean().item(),
+    }
+
+
+@register_strategy("cw_grpo")
+class CovarianceWeighting(AdvantageStrategy):
+    """CW-GRPO advantage strategy (METHODS §2): token advantages ``A[i,t] = w~[i,t] * A[i,t]``.
+
+    Config attributes read from ``args``:
+
+    * ``cw_scope``: ``"group"`` (default; statistics per prompt group, as the paper's sums over G responses) or
+      ``"batch"`` (one scope: every completion of the generation batch handed to the strategy, which the trainer
+      gathers from all processes);
+    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, METHODS §2).
+
+    ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (METHODS §2), so the
+    weights are computed once per generation batch and reused by every optimisation step on it.
+    """
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        scope = getattr(args, "cw_scope", None)
+        self.scope = "group" if scope is None else scope
+        if self.scope not in CW_SCOPES:
+            raise ValueError(f"cw_scope must be one of {', '.join(map(repr, CW_SCOPES))}; got {self.scope!r}.")
+        sigma_eps = getattr(args, "cw_sigma_eps", None)
+        self.sigma_eps = DEFAULT_SIGMA_EPS if sigma_eps is None else float(sigma_eps)
+        if self.sigma_eps < 0:
+            raise ValueError(f"cw_sigma_eps must be >= 0; got {self.sigma_eps}.")
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Whole groups -> ((B, T) token advantages w~ * batch.advantages, ``cw/*`` metrics of the batch)."""
+        if self.scope == "group":
+            scope_ids = batch.group_ids
+        else:
+            scope_ids = torch.zeros(batch.advantages.shape[0], dtype=torch.long, device=batch.advantages.device)
+        w_tilde, metrics = covariance_gaussian_weights(
+            batch.old_logps, batch.advantages, batch.completion_mask, scope_ids, sigma_eps=self.sigma_eps
+        )
+        return w_tilde.to(batch.advantages.dtype) * batch.advantages.detach(), metrics

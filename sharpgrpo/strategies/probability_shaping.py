@@ -1,0 +1,118 @@
+"""Probability-shaped token weights: GRPO-SG / TR-GRPO and the papers' ablations, plus AR-Lopti (METHODS §1).
+
+GRPO-SG (Sharpness-Guided GRPO, newest version of TR-GRPO) damps the gradients of sharp, low-probability tokens
+by giving higher-probability tokens a larger weight:
+
+    w = clip( alpha * ( sigmoid( sg[p] / tau ) - mu ), L, U )        GRPO-SG Eq. 19 / TR-GRPO Eq. 12
+
+with p the detached, temperature-scaled probability of the sampled token under the current policy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, TokenWeightStrategy, register_strategy
+
+
+def probability_shaping_weights(
+    probs: torch.Tensor, alpha: float, mu: float, tau: float, lower: float, upper: float
+) -> torch.Tensor:
+    """GRPO-SG Eq. 19: w = clip(alpha*(sigmoid(p/tau) - mu), L, U). Shapes: probs (...) -> w (...), no gradient."""
+    probs = probs.detach()
+    return (alpha * (torch.sigmoid(probs / tau) - mu)).clamp(min=lower, max=upper)
+
+
+def reverse_probability_shaping_weights(
+    probs: torch.Tensor, alpha: float, mu: float, tau: float, lower: float, upper: float
+) -> torch.Tensor:
+    """TR-GRPO Table 4 'Reverse' ablation: w' = 2 - w with w of Eq. 19 (favours low-probability tokens)."""
+    return 2.0 - probability_shaping_weights(probs, alpha, mu, tau, lower, upper)
+
+
+def ar_token_advantages(old_probs: torch.Tensor, advantages: torch.Tensor, alpha: float) -> torch.Tensor:
+    """AR-Lopti (Yang et al. 2025): A[i,t] = (alpha*sg[p_old[i,t]] + (1 - alpha)) * A[i,t].
+
+    Shapes: old_probs (B, T), advantages (B, T) -> (B, T). Applied on both advantage signs, not renormalised.
+    """
+    return (alpha * old_probs.detach() + (1.0 - alpha)) * advantages
+
+
+class _ProbabilityShaping(TokenWeightStrategy):
+    """Reads the `sg_*` parameters shared by `grpo_sg` and `reverse`."""
+
+    def _params(self) -> tuple[float, float, float, float, float]:
+        a = self.args
+        return a.sg_alpha, a.sg_mu, a.sg_tau, a.sg_lower, a.sg_upper
+
+
+@register_strategy("grpo_sg")
+class GRPOSGWeights(_ProbabilityShaping):
+    """GRPO-SG / TR-GRPO token weights (Eq. 19), clipped to [sg_lower, sg_upper]."""
+
+    def bounds(self) -> tuple[float, float]:
+        return self.args.sg_lower, self.args.sg_upper
+
+    def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return probability_shaping_weights(logps.detach().exp(), *self._params())
+
+
+@register_strategy("reverse")
+class ReverseWeights(_ProbabilityShaping):
+    """TR-GRPO 'Reverse' ablation: 2 - w, in [2 - sg_upper, 2 - sg_lower]."""
+
+    def bounds(self) -> tuple[float, float]:
+        return 2.0 - self.args.sg_upper, 2.0 - self.args.sg_lower
+
+    def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return reverse_probability_shaping_weights(logps.detach().exp(), *self._params())
+
+
+@register_strategy("equal")
+class EqualWeights(TokenWeightStrategy):
+    """TR-GRPO 'Equal' ablation: w = 1, the parent GRPO loss exactly."""
+
+    def bounds(self) -> tuple[float, float]:
+        return 1.0, 1.0
+
+    def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(logps, dtype=logps.dtype).detach()
+
+
+@register_strategy("random")
+class RandomWeights(TokenWeightStrategy):
+    """TR-GRPO 'Random' ablation: w ~ Uniform[random_weight_low, random_weight_high] per token, seeded.
+
+    The generator lives on the CPU (the same draws on any device) and is part of the checkpointed state.
+    """
+
+    def __init__(self, args):
+        super().__init__(args)
+        seed = args.random_weight_seed if args.random_weight_seed is not None else args.seed
+        self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
+
+    def bounds(self) -> tuple[float, float]:
+        return self.args.random_weight_low, self.args.random_weight_high
+
+    def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        low, high = self.bounds()
+        uniform = torch.rand(logps.shape, generator=self.generator, dtype=torch.float64)
+        return (low + (high - low) * uniform).to(device=logps.device, dtype=logps.dtype)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+@register_strategy("ar")
+class ARTokenAdvantages(AdvantageStrategy):
+    """AR-Lopti token advantages from the sampling policy's probabilities (ar_alpha, default 0.3)."""
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        factor_mask = batch.completion_mask.bool()
+        advantages = ar_token_advantages(batch.old_logps.exp(), batch.advantages, self.args.ar_alpha)
+        factors = (self.args.ar_alpha * batch.old_logps.exp() + 1 - self.args.ar_alpha)[factor_mask]
+        metrics = {"ar/factor_mean": factors.mean().item() if factors.numel() else 1.0}
+        return advantages, metrics

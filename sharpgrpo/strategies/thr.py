@@ -1,0 +1,548 @@
+"""Token Hidden Reward (THR) and Negative Token Hidden Reward (NTHR) token advantages (METHODS.md §3).
+
+THR (Deng et al., "Token Hidden Reward", Corollary 4.2 and Eq. 5) scores every completion token of a group by its
+contribution to the likelihood change of the group's correct completions, from the last-layer hidden states ``h``
+(the input of the unembedding), the temperature-scaled next-token distributions ``q`` and the sampled tokens ``y``:
+
+    alpha((i,k),(j,m)) = < e_y[i,k] - q[i,k] , e_y[j,m] - q[j,m] >
+    THR[j,m] = s_j * sum_{i in P} (1/|y_i|) * sum_k alpha((i,k),(j,m)) * < h[i,k], h[j,m] >,   s_j = +1 if j in P else -1
+
+Notation of this module: a group has ``N`` completion tokens (mask 1), ``nP`` of them in positive completions
+("P-tokens"); ``V`` is the vocabulary size and ``H`` the hidden size. Pure torch: no trainer, accelerate or
+transformers imports.
+
+How the scores are computed (never a tokens x tokens x V tensor). Write ``d_a = e_{y_a} - q_a`` (a V-vector), so
+``alpha(a, b) = <d_a, d_b>``. Two exact organisations of the same sum are implemented:
+
+* ``pairwise``: the (nP, N) matrix ``alpha = D_P @ D^T`` is accumulated over vocabulary slices (one matmul per
+  slice, fp32 accumulator), then multiplied elementwise with the hidden Gram matrix ``H_P @ H^T`` in row tiles and
+  reduced with the weights ``1/|y_i|``. Cost ~ 2 nP N V (the pairwise product) + 2 N V H (logits), memory nP x N.
+* ``factored``: ``sum_a w_a <d_a, d_b> <h_a, h_b> = d_b^T S h_b`` with ``S = sum_{a in P} w_a d_a h_a^T`` (V, H),
+  built and consumed one vocabulary slice at a time: ``S_v = D_P,v^T @ (w * H_P)`` then
+  ``THR_b += sum_{v in slice} d_b[v] * (H @ S_v^T)[b, v]``. Cost ~ 2 V H (2 N + 3 nP) and no tokens x tokens
+  matrix at all: cheaper than the pairwise product as soon as nP N > H (2 N + 3 nP) (long completions).
+``method="auto"`` picks the one with fewer flops (pairwise only while its (nP, N) accumulator fits the memory
+budget of ``chunk_size``). Both need the log-normaliser of every token first: one pass over the vocabulary
+(online logsumexp in fp32, and the entropy in the same pass when asked).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+
+from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
+
+VOCAB_MODES = ("full", "sampled")
+SCORE_METHODS = ("auto", "factored", "pairwise")
+
+
+class ThrScores(NamedTuple):
+    """Result of :func:`token_hidden_reward_scores` for one group.
+
+    Attributes:
+        scores: (G, T) float32, THR[j, m] (Corollary 4.2, signed by s_j); 0 on masked positions and everywhere when
+            P is empty.
+        tau: the threshold ``beta * min_{i' in P} sequence_influence[i']`` (Deng et al. 2025, Eq. 8); NaN when no
+            positive completion has a token.
+        sequence_influence: (G,) float32, for i' in P the mean over its tokens m of
+            ``sum_{i in P} sum_k alpha((i,k),(i',m)) <h[i,k], h[i',m]>`` (no 1/|y_i|, self-pairs included); NaN for
+            completions outside P or without tokens.
+        entropies: (G, T) float32 entropy of the full temperature-scaled distribution q at every token (0 on masked
+            positions), or None unless ``compute_entropy``.
+    """
+
+    scores: torch.Tensor
+    tau: float
+    sequence_influence: torch.Tensor
+    entropies: torch.Tensor | None
+
+
+def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
+    """Row slices of the consecutive groups of ``group_ids`` (B,), in order (``GenerationBatch`` contract)."""
+    _, counts = torch.unique_consecutive(group_ids, return_counts=True)
+    start = 0
+    for count in counts.tolist():
+        yield slice(start, start + count)
+        start += count
+
+
+def positive_set(rewards: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """The positive set P of one group (METHODS §3). Shapes: rewards (G,), advantages (G,) -> (G,) bool.
+
+    Rule: when every reward of the group is 0 or 1 (binary rewards) P = {i : r_i = 1}, the correct answers; otherwise
+    (graded rewards) P = {i : A_i > 0}. For two-valued rewards other than {0, 1} (e.g. +1/-1) the second rule gives the
+    completions with the higher reward in every mixed group, since A_i = r_i - mean(r) up to a positive scale.
+    """
+    if rewards.shape != advantages.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards and advantages must both be (G,), got {tuple(rewards.shape)} and "
+                         f"{tuple(advantages.shape)}")
+    if bool(((rewards == 0) | (rewards == 1)).all()):
+        return rewards == 1
+    return advantages > 0
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: torch.dtype | None) -> torch.Tensor:
+    """fp32 result of ``a @ b``. ``matmul_dtype=None``: fp32 inputs (TF32 on CUDA when the user enabled it with
+    ``torch.backends.cuda.matmul.allow_tf32``); ``torch.bfloat16``: bf16 inputs, fp32 accumulation and, on CUDA,
+    fp32 output (``out_dtype``) where the installed torch supports it."""
+    if matmul_dtype is None or matmul_dtype == torch.float32:
+        return a.float() @ b.float()
+    a, b = a.to(matmul_dtype), b.to(matmul_dtype)
+    if a.is_cuda:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            pass
+    return (a @ b).float()
+
+
+def _rowdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(N, C), (N, C) -> (N,) row-wise dot products without an (N, C) temporary."""
+    return torch.bmm(x.unsqueeze(1), y.unsqueeze(2)).view(-1)
+
+
+def _logits(h, weight, bias, temperature, matmul_dtype):
+    """Temperature-scaled logits (N, Vc) fp32 of hidden states h (N, H) against unembedding rows weight (Vc, H)."""
+    z = _matmul(h, weight.T, matmul_dtype)
+    if bias is not None:
+        z += bias.float()
+    if temperature != 1.0:
+        z *= 1.0 / temperature
+    return z
+
+
+def _slice_width(chunk_size: int, vocab_size: int, num_tokens: int) -> int:
+    """Vocabulary slice width so that an (N, width) temporary holds at most chunk_size * V elements."""
+    width = max(1, min(vocab_size, (chunk_size * vocab_size) // max(num_tokens, 1)))
+    if width >= 1024 and width < vocab_size:
+        width -= width % 128  # matmul-friendly tile edge
+    return width
+
+
+def _log_normalizer(h, weight, bias, temperature, width, with_entropy, matmul_dtype):
+    """Online logsumexp (and entropy) over the full vocabulary. h (N, H), weight (V, H) -> lse (N,), entropy (N,)."""
+    num_tokens = h.shape[0]
+    running_max = torch.full((num_tokens,), -math.inf, device=h.device)
+    total = torch.zeros(num_tokens, device=h.device)
+    weighted = torch.zeros(num_tokens, device=h.device) if with_entropy else None
+    for start in range(0, weight.shape[0], width):
+        stop = min(start + width, weight.shape[0])
+        z = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
+        new_max = torch.maximum(running_max, z.amax(dim=1))
+        rescale = torch.exp(running_max - new_max)
+        e = torch.exp(z - new_max[:, None])
+        total = total * rescale + e.sum(dim=1)
+        if with_entropy:
+            weighted = weighted * rescale + _rowdot(e, z)  # sum_v exp(z_v - max) z_v
+        running_max = new_max
+    lse = running_max + torch.log(total)
+    entropy = lse - weighted / total if with_entropy else None
+    return lse, entropy
+
+
+def _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype):
+    """Slice [start, stop) of d_b = e_{y_b} - q_b for all tokens: (N, stop - start) fp32.
+
+    ``sub_ids`` (N,) are the tokens' ids in the (possibly restricted) vocabulary; their one-hot entries are set to
+    ``1 - q_b(y_b)`` computed as ``-expm1(log q_b(y_b))`` (exact for peaked distributions)."""
+    d = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
+    d.sub_(lse[:, None]).exp_().neg_()
+    hit = ((sub_ids >= start) & (sub_ids < stop)).nonzero().flatten()
+    if hit.numel():
+        d[hit, sub_ids[hit] - start] = one_minus_q_y[hit]
+    return d
+
+
+@torch.no_grad()
+def token_hidden_reward_scores(
+    hidden: torch.Tensor,
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    positive: torch.Tensor,
+    unembedding_weight: torch.Tensor,
+    unembedding_bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    vocab: str = "full",
+    chunk_size: int = 1024,
+    *,
+    beta: float = 1.0,
+    length_normalized: bool = True,
+    compute_entropy: bool = False,
+    method: str = "auto",
+    matmul_dtype: torch.dtype | None = None,
+) -> ThrScores:
+    """THR scores of one group (THR Corollary 4.2; threshold Deng et al. 2025 Eq. 8; METHODS §3). No gradient.
+
+    Shapes: hidden (G, T, H) any float dtype; completion_ids (G, T) long; mask (G, T) {0,1}; positive (G,) bool;
+    unembedding_weight (V, H); unembedding_bias (V,) or None -> :class:`ThrScores` (scores (G, T) float32, tau,
+    sequence_influence (G,), entropies (G, T) or None).
+
+    Args:
+        temperature: q = softmax((h W^T + b) / temperature), the sampling temperature (as TRL scales logits).
+        vocab: ``"full"`` (exact) or ``"sampled"``: every q is restricted to the ids that occur among the group's
+            completion tokens (union over its completions, mask 1), without renormalising (NTHR App. 7.4). The
+            normaliser is still the full-vocabulary logsumexp; [y == y'] and q(y) terms are unchanged since those ids
+            are in the set.
+        chunk_size: memory knob, in tokens: every vocabulary-sized temporary holds at most about ``chunk_size * V``
+            elements (the full distributions of ``chunk_size`` tokens): the vocabulary is processed in slices of
+            width ``chunk_size * V // N`` for a group of N tokens, token x token tiles have at most ``chunk_size``
+            rows, and ``auto`` uses the (nP, N) pairwise accumulator only while nP * N <= chunk_size * V. Peak
+            extra memory is a few such temporaries (~3 * chunk_size * V * 4 bytes) plus the method's own
+            (factored: V-slice x H; pairwise: nP x N fp32). Results do not depend on it beyond fp32 rounding.
+        beta: threshold scale, tau = beta * min_{i' in P} sequence_influence[i'] (METHODS: beta = 1).
+        length_normalized: True (THR Corollary 4.2): weight 1/|y_i| for the positive completion i; False: weight 1
+            (the unnormalised influence sum of Deng et al. 2025, on the threshold's scale). The threshold itself is
+            always unnormalised, as METHODS writes it.
+        compute_entropy: also return the entropy of the full distribution q at every token (same first pass).
+        method: ``"factored"``, ``"pairwise"`` or ``"auto"`` (see the module docstring); all are exact.
+        matmul_dtype: None (fp32 products; TF32 on CUDA if enabled globally) or ``torch.bfloat16`` (bf16 inputs to
+            every product, fp32 accumulation, fp32 results accumulated across slices).
+    """
+    if vocab not in VOCAB_MODES:
+        raise ValueError(f"vocab must be one of {VOCAB_MODES}, got {vocab!r}")
+    if method not in SCORE_METHODS:
+        raise ValueError(f"method must be one of {SCORE_METHODS}, got {method!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    num_rows, length, hidden_size = hidden.shape
+    device = hidden.device
+    valid = mask.bool()
+    positive = positive.to(device=device, dtype=torch.bool)
+
+    # Flatten the group's valid tokens with the P-tokens first, so the P block of every matrix is a leading view.
+    order = torch.cat([positive.nonzero().flatten(), (~positive).nonzero().flatten()])
+    valid_ordered = valid[order]
+    flat_index = (order[:, None] * length + torch.arange(length, device=device)[None, :])[valid_ordered]
+    token_row = order[:, None].expand(num_rows, length)[valid_ordered]
+    num_tokens = flat_index.numel()
+    num_pos = int(valid[positive].sum())
+
+    vocab_size = unembedding_weight.shape[0]
+    width = _slice_width(chunk_size, vocab_size, num_tokens)
+    hidden_dtype = torch.float32 if matmul_dtype is None else matmul_dtype
+    h = hidden.reshape(num_rows * length, hidden_size)[flat_index].to(hidden_dtype)
+    ids = completion_ids.reshape(-1)[flat_index].long()
+
+    scores_flat = torch.zeros(num_tokens, device=device)
+    influence_pos = torch.zeros(num_pos, device=device)
+    need_lse = num_pos > 0 or compute_entropy
+    lse = entropy = None
+    if num_tokens and need_lse:
+        lse, entropy = _log_normalizer(h, unembedding_weight, unembedding_bias, temperature, width,
+                                       compute_entropy, matmul_dtype)
+
+    if num_pos > 0:
+        if vocab == "sampled":
+            vocab_ids, sub_ids = torch.unique(ids, sorted=True, return_inverse=True)
+            weight = unembedding_weight[vocab_ids]
+            bias = None if unembedding_bias is None else unembedding_bias[vocab_ids]
+        else:
+            sub_ids, weight, bias = ids, unembedding_weight, unembedding_bias
+        # log q_b(y_b) from a row-wise dot product, for an exact 1 - q_b(y_b)
+        logit_y = (h.float() * unembedding_weight[ids].float()).sum(dim=1)
+        if unembedding_bias is not None:
+            logit_y += unembedding_bias[ids].float()
+        one_minus_q_y = -torch.expm1(logit_y / temperature - lse)
+
+        lengths = valid.sum(dim=1).clamp(min=1).to(torch.float32)
+        pos_weight = (1.0 / lengths[token_row[:num_pos]]) if length_normalized else torch.ones(num_pos, device=device)
+
+        sub_vocab = weight.shape[0]
+        flops_factored = 2 * sub_vocab * hidden_size * (2 * num_tokens + 3 * num_pos)
+        flops_pairwise = 2 * sub_vocab * num_tokens * (hidden_size + num_pos) + 2 * num_pos * num_tokens * hidden_size
+        chosen = method
+        if method == "auto":
+            fits = num_pos * num_tokens <= chunk_size * vocab_size
+            chosen = "pairwise" if (fits and flops_pairwise < flops_factored) else "factored"
+        common = (h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, width, matmul_dtype)
+        if chosen == "pairwise":
+            scores_flat, influence_pos = _pairwise_sums(*common, pos_weight, num_pos, chunk_size)
+        else:
+            scores_flat, influence_pos = _factored_sums(*common, pos_weight, num_pos)
+        scores_flat[num_pos:] *= -1.0  # s_j = -1 outside P
+
+    scores = torch.zeros(num_rows * length, device=device)
+    scores[flat_index] = scores_flat
+    influence = torch.full((num_rows,), math.nan, device=device)
+    tau = math.nan
+    if num_pos > 0:
+        sums = torch.zeros(num_rows, device=device).index_add_(0, token_row[:num_pos], influence_pos)
+        has_tokens = positive & valid.any(dim=1)
+        influence[has_tokens] = sums[has_tokens] / valid.sum(dim=1)[has_tokens].float()
+        tau = beta * float(influence[has_tokens].min())
+    entropies = None
+    if compute_entropy:
+        entropies = torch.zeros(num_rows * length, device=device)
+        if entropy is not None:
+            entropies[flat_index] = entropy
+        entropies = entropies.view(num_rows, length)
+    return ThrScores(scores.view(num_rows, length), tau, influence, entropies)
+
+
+def _factored_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, width, matmul_dtype, pos_weight,
+                   num_pos):
+    """Exact sums via S = sum_{a in P} w_a d_a h_a^T, one vocabulary slice at a time.
+
+    Returns (N,) ``sum_{a in P} w_a alpha(a, b) <h_a, h_b>`` for every token b and (nP,) the unweighted
+    ``sum_{a in P} alpha(a, b) <h_a, h_b>`` for the P-tokens b (threshold)."""
+    hidden_size = h.shape[1]
+    h_pos = h[:num_pos].float()
+    both = torch.cat([h_pos * pos_weight[:, None], h_pos], dim=1)  # (nP, 2H)
+    weighted = torch.zeros(h.shape[0], device=h.device)
+    unweighted = torch.zeros(num_pos, device=h.device)
+    for start in range(0, weight.shape[0], width):
+        stop = min(start + width, weight.shape[0])
+        d = _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
+        s = _matmul(d[:num_pos].T, both, matmul_dtype)  # (Vc, 2H) = [S_v | S_v with weights 1]
+        weighted += _rowdot(_matmul(h, s[:, :hidden_size].T, matmul_dtype), d)
+        unweighted += _rowdot(_matmul(h[:num_pos], s[:, hidden_size:].T, matmul_dtype), d[:num_pos])
+    return weighted, unweighted
+
+
+def _pairwise_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, width, matmul_dtype, pos_weight,
+                   num_pos, chunk_size):
+    """Same sums as :func:`_factored_sums` via alpha = D_P D^T (nP, N), accumulated over vocabulary slices, times
+    the hidden Gram matrix in row tiles of at most ``chunk_size`` rows."""
+    num_tokens = h.shape[0]
+    alpha = torch.zeros(num_pos, num_tokens, device=h.device)
+    for start in range(0, weight.shape[0], width):
+        stop = min(start + width, weight.shape[0])
+        d = _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
+        alpha += _matmul(d[:num_pos], d.T, matmul_dtype)
+    weighted = torch.zeros(num_tokens, device=h.device)
+    unweighted = torch.zeros(num_pos, device=h.device)
+    for row in range(0, num_pos, chunk_size):
+        rows = slice(row, min(row + chunk_size, num_pos))
+        tile = alpha[rows].mul_(_matmul(h[rows], h.T, matmul_dtype))  # alpha * <h_a, h_b>
+        weighted += pos_weight[rows] @ tile
+        unweighted += tile[:, :num_pos].sum(dim=0)
+    return weighted, unweighted
+
+
+def top_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Valid tokens among the top ``quantile`` fraction by entropy within the group. Shapes: (G, T), (G, T) -> (G, T).
+
+    With n valid tokens and k = ceil(quantile * n), selects the valid tokens whose entropy is at least the k-th
+    largest (ties at the k-th value are all selected)."""
+    valid = mask.bool()
+    values = entropies[valid]
+    k = min(values.numel(), math.ceil(quantile * values.numel()))
+    if k <= 0:
+        return torch.zeros_like(valid)
+    kth = torch.topk(values, k).values[-1]
+    return valid & (entropies >= kth)
+
+
+def _broadcast_advantages(advantages: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    return advantages[:, None].expand(shape) if advantages.dim() == 1 else advantages
+
+
+def thr_token_advantages(
+    scores: torch.Tensor,
+    tau: float,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    positive: torch.Tensor,
+    p: float = 0.1,
+    keep_below_threshold: bool = False,
+    entropies: torch.Tensor | None = None,
+    entropy_quantile: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """THR Eq. 5 for one group: A[j,m] = 1[|THR[j,m]| > tau] * (1 + sign(THR[j,m]) * p) * A[j,m] (METHODS §3).
+
+    Shapes: scores (G, T); advantages (G,) or (G, T); mask (G, T); positive (G,) bool; entropies (G, T) or None
+    -> (A (G, T), metrics).
+
+    Tokens with |THR| <= tau get advantage 0 (the paper's THR-only setting, Eq. 4), or keep A[j,m] when
+    ``keep_below_threshold``. ``entropy_quantile`` q > 0 (THR App. B) gives the tokens among the top-q entropy tokens
+    of the group (:func:`top_entropy_mask`) that are not above the threshold their unchanged advantage A[j,m].
+    Only mixed groups (0 < |P| < G) are reweighted; other groups, and masked positions, are returned unchanged.
+
+    Metrics (mixed groups only; empty dict otherwise), over the group's valid tokens:
+        ``thr/frac_retained``: fraction with |THR| > tau (the paper's "ratio retained", App. E.5 Table 16);
+        ``thr/frac_positive``: among those above the threshold, the fraction with THR > 0 (amplified when p > 0);
+        ``thr/tau``: the threshold tau;
+        ``thr/abs_mean``: mean |THR|;
+        ``thr/frac_entropy_added`` (only when entropy_quantile > 0): fraction re-added by the entropy rule.
+    """
+    adv = _broadcast_advantages(advantages, scores.shape)
+    num_pos = int(positive.sum())
+    if not 0 < num_pos < scores.shape[0] or math.isnan(tau):
+        return adv.clone(), {}
+    if entropy_quantile > 0 and entropies is None:
+        raise ValueError("entropy_quantile > 0 needs the entropies (compute_entropy=True)")
+    valid = mask.bool()
+    above = scores.abs() > tau
+    below_factor = 1.0 if keep_below_threshold else 0.0
+    factor = torch.where(above, 1.0 + torch.sign(scores) * p, torch.full_like(scores, below_factor))
+    added = None
+    if entropy_quantile > 0:
+        added = top_entropy_mask(entropies, valid, entropy_quantile) & ~above
+        factor = torch.where(added, torch.ones_like(factor), factor)
+    new = torch.where(valid, factor.to(adv.dtype) * adv, adv)
+
+    num_valid = max(int(valid.sum()), 1)
+    kept = above & valid
+    metrics = {
+        "thr/frac_retained": int(kept.sum()) / num_valid,
+        "thr/frac_positive": int((kept & (scores > 0)).sum()) / max(int(kept.sum()), 1),
+        "thr/tau": float(tau),
+        "thr/abs_mean": float(scores.abs()[valid].mean()) if valid.any() else 0.0,
+    }
+    if added is not None:
+        metrics["thr/frac_entropy_added"] = int((added & valid).sum()) / num_valid
+    return new, metrics
+
+
+def nthr_token_advantages(
+    scores: torch.Tensor,
+    tau: float,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    positive: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """NTHR (Deng et al. 2025, METHODS §3) for one group: tokens of incorrect completions whose negative token hidden
+    reward exceeds tau are rescaled, A[j,m] := eta * A[j,m] with eta = 2 |0.5 - |P|/G|; all other tokens unchanged.
+
+    Shapes: scores (G, T) THR scores as returned by :func:`token_hidden_reward_scores`; advantages (G,) or (G, T);
+    mask (G, T); positive (G,) bool -> (A (G, T), metrics).
+
+    The NTHR of a token of an incorrect completion j is its influence on the correct completions' likelihood,
+    ``sum_{i in P} w_i sum_k alpha((i,k),(j,m)) <h[i,k], h[j,m]> = -THR[j,m]`` (THR carries s_j = -1): a large
+    positive value means penalising the token also lowers the correct completions' likelihood, so its penalty is
+    scaled down (eta < 1). Only mixed groups are changed. Metrics (mixed groups only): ``nthr/frac_selected``
+    (fraction of the incorrect completions' valid tokens rescaled), ``nthr/eta``, ``nthr/tau``.
+    """
+    adv = _broadcast_advantages(advantages, scores.shape)
+    num_rows = scores.shape[0]
+    num_pos = int(positive.sum())
+    if not 0 < num_pos < num_rows or math.isnan(tau):
+        return adv.clone(), {}
+    eta = 2.0 * abs(0.5 - num_pos / num_rows)
+    negative_tokens = mask.bool() & ~positive.bool()[:, None]
+    selected = negative_tokens & (-scores > tau)
+    new = torch.where(selected, adv * eta, adv)
+    metrics = {
+        "nthr/frac_selected": int(selected.sum()) / max(int(negative_tokens.sum()), 1),
+        "nthr/eta": eta,
+        "nthr/tau": float(tau),
+    }
+    return new, metrics
+
+
+def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(G, T) token advantages -> (G,) the masked mean of each row (A[i] for TRL's broadcast advantages)."""
+    valid = mask.to(advantages.dtype)
+    return (advantages * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)
+
+
+class _HiddenRewardStrategy(AdvantageStrategy):
+    """Shared adapter: reads ``thr_*`` parameters from the config, loops over the groups of a batch."""
+
+    needs_hidden_states = True
+    metric_prefix = "thr"
+    length_normalized = True
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.beta = float(getattr(args, "thr_beta", 1.0))
+        self.vocab = getattr(args, "thr_vocab", "full")
+        self.chunk_size = int(getattr(args, "thr_chunk_size", 1024))
+        if self.vocab not in VOCAB_MODES:
+            raise ValueError(f"thr_vocab must be one of {VOCAB_MODES}, got {self.vocab!r}")
+        if self.chunk_size < 1:
+            raise ValueError(f"thr_chunk_size must be >= 1, got {self.chunk_size}")
+        self.last_scores: torch.Tensor | None = None
+        self.last_tau: list[float] = []
+
+    def _need_entropy(self) -> bool:
+        return False
+
+    def _reweight(self, result: ThrScores, advantages, mask, positive) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Whole groups -> ((B, T) token advantages, metrics averaged over the mixed groups).
+
+        Keeps the (B, T) float32 scores in ``self.last_scores`` (0 outside mixed groups and on padding) and the
+        per-group thresholds in ``self.last_tau`` (NaN for groups that were not reweighted), for debugging dumps."""
+        if batch.hidden_states is None or batch.unembedding_weight is None:
+            raise ValueError(f"{type(self).__name__} needs batch.hidden_states and batch.unembedding_weight")
+        out = batch.advantages.clone()
+        self.last_scores = torch.zeros(batch.completion_mask.shape, device=batch.hidden_states.device)
+        self.last_tau = []
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        num_groups = num_mixed = 0
+        for rows in group_slices(batch.group_ids):
+            num_groups += 1
+            mask = batch.completion_mask[rows]
+            advantages = batch.advantages[rows]
+            positive = positive_set(batch.rewards[rows].float(), _row_advantages(advantages.float(), mask))
+            positive = positive.to(batch.hidden_states.device)
+            if not 0 < int(positive.sum()) < positive.numel():
+                self.last_tau.append(math.nan)
+                continue
+            num_mixed += 1
+            result = token_hidden_reward_scores(
+                batch.hidden_states[rows], batch.completion_ids[rows], mask, positive, batch.unembedding_weight,
+                batch.unembedding_bias, batch.temperature, self.vocab, self.chunk_size, beta=self.beta,
+                length_normalized=self.length_normalized, compute_entropy=self._need_entropy(),
+            )
+            self.last_scores[rows] = result.scores
+            self.last_tau.append(result.tau)
+            device = result.scores.device
+            new, metrics = self._reweight(result, advantages.to(device), mask.to(device), positive)
+            out[rows] = new.to(out.device, out.dtype)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+                counts[key] = counts.get(key, 0) + 1
+        averaged = {key: sums[key] / counts[key] for key in sums}
+        averaged[f"{self.metric_prefix}/frac_mixed_groups"] = num_mixed / max(num_groups, 1)
+        return out, averaged
+
+
+@register_strategy("thr")
+class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
+    """THR-guided token advantages (THR Eq. 5, METHODS §3). Config attributes: ``thr_p`` (0.1; > 0 exploitation,
+    < 0 exploration), ``thr_beta`` (1.0), ``thr_keep_below_threshold`` (False), ``thr_entropy_quantile`` (0.0),
+    ``thr_vocab`` ("full" | "sampled"), ``thr_chunk_size`` (tokens; memory knob of
+    :func:`token_hidden_reward_scores`)."""
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.p = float(getattr(args, "thr_p", 0.1))
+        self.keep_below_threshold = bool(getattr(args, "thr_keep_below_threshold", False))
+        self.entropy_quantile = float(getattr(args, "thr_entropy_quantile", 0.0))
+        if not 0.0 <= self.entropy_quantile <= 1.0:
+            raise ValueError(f"thr_entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
+
+    def _need_entropy(self) -> bool:
+        return self.entropy_quantile > 0
+
+    def _reweight(self, result, advantages, mask, positive):
+        return thr_token_advantages(result.scores, result.tau, advantages, mask, positive, self.p,
+                                    self.keep_below_threshold, result.entropies, self.entropy_quantile)
+
+
+@register_strategy("nthr")
+class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
+    """NTHR (Deng et al. 2025, METHODS §3): incorrect-completion tokens with NTHR > tau get A := eta * A.
+
+    Config attributes: ``thr_beta``, ``thr_vocab``, ``thr_chunk_size`` as for ``thr``, and
+    ``nthr_length_normalized`` (default False): False scores a token by its unnormalised influence
+    ``sum_{i in P} sum_k alpha <h, h>``, the same scale as the threshold tau (Deng et al.'s NTHR); True uses THR's
+    1/|y_i| weights (Corollary 4.2)."""
+
+    metric_prefix = "nthr"
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.length_normalized = bool(getattr(args, "nthr_length_normalized", False))
+
+    def _reweight(self, result, advantages, mask, positive):
+        return nthr_token_advantages(result.scores, result.tau, advantages, mask, positive)

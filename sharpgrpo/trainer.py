@@ -1,0 +1,439 @@
+"""``SharpGRPOTrainer``: TRL's ``GRPOTrainer`` with pluggable token-level strategies.
+
+Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three points of the parent:
+
+* ``_generate_and_score_completions``: after TRL has generated, scored and normalised a generation batch, it
+  tags every row with its group id and index in the group (so group structure survives TRL's shuffling and
+  splitting) and runs the advantage strategies once, on whole groups gathered from every process, replacing
+  ``advantages`` (B,) by token advantages (B, T);
+* ``_compute_loss``: TRL's policy loss for the loss types ``dapo``, ``grpo``, ``bnpo`` and ``dr_grpo``, with the
+  token weight of the weight strategy placed in the ratio or the loss and in the KL term (METHODS §1), keeping
+  TRL's entropy mask, off-policy mask, vLLM importance-sampling ratio and metric names. With the ``equal``
+  strategy it equals the parent's loss and gradients (tests/integration/test_parity.py);
+* ``_calculate_rewards``: unchanged, but the trainer keeps the rewards for strategies that need them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+
+# The paper each strategy implements, for the model card (TRL's `_paper` convention).
+STRATEGY_PAPERS: dict[str, dict[str, str]] = {
+    "grpo_sg": {
+        "title": "Sharpness-Guided Group Relative Policy Optimization via Probability Shaping",
+        "citation": "Tue Le, Linh Ngo Van, Trung Le. Sharpness-Guided Group Relative Policy Optimization via "
+        "Probability Shaping (GRPO-SG; earlier version: Sharpness-Controlled GRPO with Token-Level Probability "
+        "Shaping, TR-GRPO).",
+    },
+    "cw_grpo": {
+        "title": "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",
+        "id": "2605.11538",
+        "citation": "Cheng Wang, Qin Liu, Wenxuan Zhou, Muhao Chen. Taming Extreme Tokens: Covariance-Aware GRPO "
+        "with Gaussian-Kernel Advantage Reweighting. arXiv:2605.11538.",
+    },
+    "thr": {
+        "title": "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement "
+        "Learning",
+        "citation": "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement "
+        "Learning (THR).",
+    },
+}
+STRATEGY_PAPERS["reverse"] = STRATEGY_PAPERS["random"] = STRATEGY_PAPERS["equal"] = STRATEGY_PAPERS["grpo_sg"]
+STRATEGY_PAPERS["nthr"] = STRATEGY_PAPERS["thr"]
+
+
+class SharpGRPOTrainer(GRPOTrainer):
+    """[`trl.GRPOTrainer`] whose policy loss is changed by the strategies named in ``args.strategies``.
+
+    Takes the same arguments as ``GRPOTrainer``; ``args`` must be a [`SharpGRPOConfig`].
+    """
+
+    _tag_names = ["trl", "grpo", "sharpgrpo"]
+    _name = "SharpGRPO"
+
+    def __init__(self, model, reward_funcs=None, args: SharpGRPOConfig | None = None, **kwargs):
+        if args is None:
+            args = SharpGRPOConfig(output_dir="sharpgrpo-output")
+        if not isinstance(args, SharpGRPOConfig):
+            raise TypeError(f"SharpGRPOTrainer needs a SharpGRPOConfig, got {type(args).__name__}.")
+        strategies = [STRATEGIES.get(name)(args) for name in args.strategies]
+        self.weight_strategy: TokenWeightStrategy | None = next(
+            (s for s in strategies if s.kind == "weight"), None
+        )
+        self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
+        self._last_rewards_per_func: torch.Tensor | None = None
+        self._generation_count = 0
+        super().__init__(model, reward_funcs, args, **kwargs)
+        self._refuse_unsupported()
+        first_paper = next((STRATEGY_PAPERS[n] for n in args.strategies if n in STRATEGY_PAPERS), None)
+        if first_paper is not None:
+            self._paper = first_paper
+
+    def _refuse_unsupported(self) -> None:
+        """Combinations whose semantics the strategies would silently change are refused here, at construction."""
+        if self.advantage_strategies and self.environment_factories is not None:
+            raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
+        if self.advantage_strategies and self.tools:
+            raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Generation: group tags and advantage strategies
+    # ------------------------------------------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # gathered over all processes, global row order
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        local_rows = output["completion_ids"].size(0)
+        device = output["completion_ids"].device
+        # TRL orders the generation batch globally by process, then by local row, and normalises rewards over
+        # consecutive blocks of `num_generations` rows: that block is the group.
+        global_rows = torch.arange(local_rows, device=device) + self.accelerator.process_index * local_rows
+        groups_per_batch = local_rows * self.accelerator.num_processes // num_generations
+        output = {
+            **output,
+            "group_ids": global_rows // num_generations + self._generation_count * groups_per_batch,
+            "group_index": global_rows % num_generations,
+        }
+        self._generation_count += 1
+        if self.advantage_strategies:
+            output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
+        return output
+
+    @torch.no_grad()
+    def _apply_advantage_strategies(self, output: dict[str, Any], num_generations: int, mode: str) -> torch.Tensor:
+        """Run the advantage strategies on whole groups gathered from all processes; return local (B, T)."""
+        if "pixel_values" in output:
+            raise ValueError("Advantage strategies do not support multimodal inputs.")
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        local_rows, local_length = completion_ids.shape
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is None:
+            old_logps = self._sampling_logps(output)
+        hidden_states = None
+        if any(s.needs_hidden_states for s in self.advantage_strategies):
+            hidden_states = self._completion_hidden_states(output)
+
+        def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+            if self.accelerator.num_processes == 1:
+                return tensor
+            if tensor.dim() > 1:
+                tensor = self.accelerator.pad_across_processes(tensor, dim=1, pad_index=0)
+            return self.accelerator.gather(tensor.contiguous())
+
+        rewards_per_func = self._last_rewards_per_func
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = torch.nan_to_num((rewards_per_func * weights.unsqueeze(0)).nansum(dim=1), nan=0.0)
+        advantages = gather_rows(output["advantages"]) if output["advantages"].dim() == 1 else None
+        if advantages is None:
+            raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
+        mask = gather_rows(completion_mask)
+        unembedding = self._unembedding() if hidden_states is not None else (None, None)
+        batch = GenerationBatch(
+            old_logps=gather_rows(old_logps.float()),
+            completion_mask=mask,
+            completion_ids=gather_rows(completion_ids),
+            advantages=advantages.float().unsqueeze(1).expand_as(mask).clone(),
+            rewards=rewards.to(mask.device).float(),
+            group_ids=gather_rows(output["group_ids"]),
+            num_generations=num_generations,
+            hidden_states=None if hidden_states is None else gather_rows(hidden_states),
+            unembedding_weight=unembedding[0],
+            unembedding_bias=unembedding[1],
+            temperature=self.temperature,
+        )
+        token_advantages = batch.advantages
+        for strategy in self.advantage_strategies:
+            token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
+            for name, value in metrics.items():
+                self._metrics[mode][name].append(float(value))
+        start = self.accelerator.process_index * local_rows
+        return token_advantages[start : start + local_rows, :local_length].contiguous()
+
+    def _sampling_logps(self, output: dict[str, Any]) -> torch.Tensor:
+        """Log-probabilities of the completion under the current (= sampling) policy; TRL skips them on-policy."""
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model,
+            input_ids,
+            attention_mask,
+            output["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+        )
+        return logps
+
+    def _causal_lm(self):
+        model = self.accelerator.unwrap_model(self.model)
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def _completion_hidden_states(self, output: dict[str, Any]) -> torch.Tensor:
+        """(B, T, H) last-layer hidden states at the positions that predict each completion token.
+
+        TRL's forward returns neither hidden states nor full logits, so the backbone runs here (no gradient, in
+        chunks of ``per_device_train_batch_size`` rows).
+        """
+        causal_lm = self._causal_lm()
+        backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        length = output["completion_ids"].size(1)
+        chunks = []
+        step = self.args.per_device_train_batch_size
+        for start in range(0, input_ids.size(0), step):
+            hidden = backbone(
+                input_ids=input_ids[start : start + step], attention_mask=attention_mask[start : start + step]
+            ).last_hidden_state
+            chunks.append(hidden[:, -length - 1 : -1])
+        return torch.cat(chunks, dim=0)
+
+    def _unembedding(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        head = self._causal_lm().get_output_embeddings()
+        return head.weight, getattr(head, "bias", None)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Loss
+    # ------------------------------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        """TRL 1.16 ``GRPOTrainer._compute_loss`` for dapo/grpo/bnpo/dr_grpo, with token weights (METHODS §1)."""
+        args = self.args
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        forward_keys = (
+            "pixel_values",
+            "image_grid_thw",
+            "num_images",
+            "pixel_attention_mask",
+            "spatial_shapes",
+            "num_tiles",
+            "image_sizes",
+            "token_type_ids",
+            "mm_token_type_ids",
+            "image_position_ids",
+        )
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in forward_keys},
+        )
+        entropy_mask = (
+            self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            if self.top_entropy_quantile < 1.0
+            else None
+        )
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+        if self.off_policy_mask_threshold is not None:
+            off_policy_mask = self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+
+        log_ratio = per_token_logps - old_per_token_logps
+        level = self.importance_sampling_level
+        if level == "token":
+            log_importance_weights = log_ratio
+        else:
+            sequence_log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+            if level == "sequence":
+                log_importance_weights = sequence_log_ratio
+            else:  # "sequence_token" (GSPO-token): value of the sequence ratio, gradient of each token
+                log_importance_weights = sequence_log_ratio.detach() + per_token_logps - per_token_logps.detach()
+        coef_1 = torch.exp(log_importance_weights)
+
+        weights = None
+        if self.weight_strategy is not None:
+            weights = self.weight_strategy.weights(per_token_logps.detach(), mask).detach()
+
+        if self.beta != 0.0:
+            ref_logp_minus_logp = inputs["ref_per_token_logps"] - per_token_logps
+            if weights is not None and args.kl_weighting == "inside":  # TR-GRPO Eq. 11: k3 of w*pref/p
+                ref_logp_minus_logp = ref_logp_minus_logp + torch.log(weights)
+            per_token_kl = torch.exp(ref_logp_minus_logp) - ref_logp_minus_logp - 1
+            if weights is not None and args.kl_weighting == "loss":  # GRPO-SG Lemma 3.4: beta * w * kl
+                per_token_kl = weights * per_token_kl
+            if args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * coef_1
+
+        surrogate_ratio = coef_1 if weights is None or args.weight_placement == "loss" else coef_1 * weights
+        coef_2 = torch.clamp(surrogate_ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        if args.delta is not None:
+            surrogate_ratio = torch.clamp(surrogate_ratio, max=args.delta)
+        per_token_loss = -torch.min(surrogate_ratio * advantages, coef_2 * advantages)
+        if weights is not None and args.weight_placement == "loss":
+            per_token_loss = weights * per_token_loss
+
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * off_policy_mask
+        if entropy_mask is not None:
+            per_token_loss = per_token_loss * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        if self.beta != 0.0:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        mode = "train" if self.model.training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self.loss_type == "grpo":
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+        elif self.loss_type == "bnpo":
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+        elif self.loss_type == "dr_grpo":
+            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length) / accumulation
+        elif self.loss_type == "dapo":
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / args.steps_per_generation
+            loss = (per_token_loss * mask).sum() / normalizer
+        else:  # refused by SharpGRPOConfig; kept so that a future loss type cannot pass silently
+            raise ValueError(f"Unsupported loss type: {self.loss_type}")
+
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl if self.beta else None)
+        if weights is not None:
+            self._log_weight_metrics(mode, mask, weights, surrogate_ratio, advantages)
+        return loss
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Metrics (reduced over processes like TRL's: a value per micro-batch, averaged at logging time)
+    # ------------------------------------------------------------------------------------------------------------
+    def _global_masked_mean(self, values: torch.Tensor, mask: torch.Tensor) -> float:
+        if values.shape[1] == 1:  # one value per sequence
+            local = torch.stack([values.sum(), torch.tensor(float(values.shape[0]), device=values.device)])
+        else:
+            local = torch.stack([(values * mask).sum(), mask.sum().float()])
+        totals = self.accelerator.reduce(local, reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def _log_loss_metrics(self, mode, mask, entropies, coef_1, advantages, per_token_kl) -> None:
+        """TRL's own metric names and definitions (kl, entropy, clip_ratio/*), computed on the unweighted ratio."""
+        from trl.trainer.utils import nanmax, nanmin
+
+        metrics = self._metrics[mode]
+        if per_token_kl is not None:
+            metrics["kl"].append(self._global_masked_mean(per_token_kl, mask))
+        metrics["entropy"].append(self._global_masked_mean(entropies, mask))
+        is_low = ((coef_1 < 1 - self.epsilon_low) & (advantages < 0)).float()
+        is_high = ((coef_1 > 1 + self.epsilon_high) & (advantages > 0)).float()
+        metrics["clip_ratio/low_mean"].append(self._global_masked_mean(is_low, mask))
+        metrics["clip_ratio/high_mean"].append(self._global_masked_mean(is_high, mask))
+        metrics["clip_ratio/region_mean"].append(self._global_masked_mean(torch.maximum(is_low, is_high), mask))
+
+        def per_sequence(x):
+            return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+        metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_sequence(is_low))).item())
+        metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(per_sequence(is_high))).item())
+
+    def _log_weight_metrics(self, mode, mask, weights, surrogate_ratio, advantages) -> None:
+        """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off."""
+        metrics = self._metrics[mode]
+        valid = mask.bool()
+        w = weights.float()
+        count = valid.sum().float()
+        lower, upper = self.weight_strategy.bounds()
+        at_lower = (w <= lower + 1e-6).float()
+        at_upper = (w >= upper - 1e-6).float()
+        # A token gets no policy gradient when min() picks the clipped branch and the clip is active.
+        grad_clipped = (
+            ((surrogate_ratio > 1 + self.epsilon_high) & (advantages > 0))
+            | ((surrogate_ratio < 1 - self.epsilon_low) & (advantages < 0))
+        ).float()
+        local = torch.stack(
+            [
+                (w * mask).sum(),
+                (w * w * mask).sum(),
+                count,
+                (at_lower * mask).sum(),
+                (at_upper * mask).sum(),
+                (grad_clipped.expand_as(w) * mask).sum(),
+            ]
+        )
+        totals = self.accelerator.reduce(local, reduction="sum")
+        n = totals[2].clamp(min=1.0)
+        mean = totals[0] / n
+        metrics["token_weight/mean"].append(mean.item())
+        metrics["token_weight/std"].append((totals[1] / n - mean * mean).clamp(min=0.0).sqrt().item())
+        inf = torch.tensor(float("inf"), device=w.device)
+        local_extremes = torch.stack(
+            [
+                torch.where(valid, w, inf).min() if valid.any() else inf,
+                -(torch.where(valid, w, -inf).max() if valid.any() else -inf),
+            ]
+        )
+        extremes = self.accelerator.gather(local_extremes.unsqueeze(0)).min(dim=0).values
+        metrics["token_weight/min"].append(extremes[0].item())
+        metrics["token_weight/max"].append(-extremes[1].item())
+        metrics["token_weight/frac_at_lower"].append((totals[3] / n).item())
+        metrics["token_weight/frac_at_upper"].append((totals[4] / n).item())
+        metrics["token_weight/frac_grad_clipped"].append((totals[5] / n).item())
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Strategy state in checkpoints
+    # ------------------------------------------------------------------------------------------------------------
+    def strategy_state(self) -> dict[str, dict]:
+        strategies = ([self.weight_strategy] if self.weight_strategy else []) + self.advantage_strategies
+        return {type(s).__name__: s.state_dict() for s in strategies}
+
+    def load_strategy_state(self, state: dict[str, dict]) -> None:
+        strategies = ([self.weight_strategy] if self.weight_strategy else []) + self.advantage_strategies
+        for strategy in strategies:
+            if type(strategy).__name__ in state:
+                strategy.load_state_dict(state[type(strategy).__name__])
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        import os
+
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        if self.args.should_save:
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            torch.save(self.strategy_state(), os.path.join(folder, "sharpgrpo_strategy_state.pt"))
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)
+        import os
+
+        if checkpoint is not None:
+            path = os.path.join(checkpoint, "sharpgrpo_strategy_state.pt")
+            if os.path.exists(path):
+                self.load_strategy_state(torch.load(path, weights_only=False))
+
+    def model_card_text(self) -> str:
+        """A paragraph for the model card naming the strategies, their parameters and papers."""
+        lines = [f"Trained with sharpgrpo strategies: {', '.join(self.args.strategies)}."]
+        for name in self.args.strategies:
+            paper = STRATEGY_PAPERS.get(name)
+            if paper:
+                lines.append(f"- `{name}`: {paper['citation']}")
+        return "\n".join(lines) + "\n"
