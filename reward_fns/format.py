@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from reward_fns import register_reward
 from reward_fns._common import as_list, per_completion, scored_text
 
 THINK_FORMAT = re.compile(r"<think>(?!.*<think>)(.*?)</think>.*", re.DOTALL)
@@ -22,6 +23,7 @@ def has_think_format(text: str) -> bool:
     return THINK_FORMAT.match(text) is not None
 
 
+@register_reward("think_format")
 def think_format_reward(prompts=None, completions=None, **kwargs) -> list[float]:
     """1.0 for a properly opened and closed ``<think>`` block at the start of the response, else 0.0."""
     completions = as_list(completions)

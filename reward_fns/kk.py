@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from reward_fns import register_reward
 from reward_fns._common import as_list, completion_text, per_completion, scored_text
 
 FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -86,6 +87,7 @@ def kk_score(text: str, solution_text_format: str) -> float:
     return format_score + (ANSWER_CORRECT if predicted == gold else ANSWER_WRONG)
 
 
+@register_reward("kk")
 def kk_reward(prompts, completions, solution_text_format=None, **kwargs) -> list[float | None]:
     """Logic-RL K&K training reward for TRL: one of 3, -0.5, -1, -3 per completion.
 

@@ -14,6 +14,7 @@ import re
 import string
 from typing import Any
 
+from reward_fns import register_reward
 from reward_fns._common import as_list, completion_text, per_completion
 
 CORRECT, WRONG = 1.0, -1.0
@@ -57,6 +58,7 @@ def exact_match(prediction: str, golden_answers: Any) -> bool:
     return any(normalize_answer(gold) == normalized for gold in gold_answers(golden_answers))
 
 
+@register_reward("qa_em")
 def qa_em_reward(prompts, completions, golden_answers=None, **kwargs) -> list[float | None]:
     """+1 / -1 exact match of the last ``<answer>`` block against ``golden_answers`` (a string or a list per row).
 

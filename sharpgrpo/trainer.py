@@ -47,6 +47,27 @@ STRATEGY_PAPERS: dict[str, dict[str, str]] = {
 }
 STRATEGY_PAPERS["reverse"] = STRATEGY_PAPERS["random"] = STRATEGY_PAPERS["equal"] = STRATEGY_PAPERS["grpo_sg"]
 STRATEGY_PAPERS["nthr"] = STRATEGY_PAPERS["thr"]
+STRATEGY_PAPERS["ar"] = {
+    "title": "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
+    "citation": "Yang et al. 2025, Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs (AR-Lopti).",
+}
+STRATEGY_PAPERS["passk_mixed"] = {
+    "title": "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large Reasoning Models",
+    "citation": "Chen et al. 2025, Pass@k Training for Adaptively Balancing Exploration and Exploitation.",
+}
+# The config fields each strategy reads (shown on the model card).
+_SHAPING_FIELDS = ("sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper", "weight_placement", "kl_weighting")
+STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
+    "grpo_sg": _SHAPING_FIELDS,
+    "reverse": _SHAPING_FIELDS,
+    "equal": ("weight_placement", "kl_weighting"),
+    "random": ("random_weight_low", "random_weight_high", "random_weight_seed", "weight_placement", "kl_weighting"),
+    "ar": ("ar_alpha",),
+    "cw_grpo": ("cw_scope", "cw_sigma_eps"),
+    "thr": ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab"),
+    "nthr": ("thr_beta", "thr_vocab"),
+    "passk_mixed": ("passk_k",),
+}
 
 
 class SharpGRPOTrainer(GRPOTrainer):
@@ -429,11 +450,25 @@ class SharpGRPOTrainer(GRPOTrainer):
             if os.path.exists(path):
                 self.load_strategy_state(torch.load(path, weights_only=False))
 
-    def model_card_text(self) -> str:
-        """A paragraph for the model card naming the strategies, their parameters and papers."""
-        lines = [f"Trained with sharpgrpo strategies: {', '.join(self.args.strategies)}."]
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's model card, plus a section naming the strategies, their parameters and papers."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        import os
+
+        path = os.path.join(self.args.output_dir, "README.md")
+        with open(path, "a", encoding="utf-8") as card:
+            card.write("\n" + self.strategy_card_section())
+
+    def strategy_card_section(self) -> str:
+        """Markdown: each configured strategy with its parameters and the paper it implements."""
+        lines = ["## sharpgrpo strategies", ""]
         for name in self.args.strategies:
-            paper = STRATEGY_PAPERS.get(name)
-            if paper:
-                lines.append(f"- `{name}`: {paper['citation']}")
-        return "\n".join(lines) + "\n"
+            fields = [f for f in STRATEGY_FIELDS.get(name, ()) if hasattr(self.args, f)]
+            params = ", ".join(f"`{f}={getattr(self.args, f)!r}`" for f in fields)
+            paper = STRATEGY_PAPERS.get(name, {}).get("citation", "user-defined strategy")
+            lines.append(f"- **`{name}`** ({params or 'no parameters'}). {paper}")
+        lines += ["", f"Loss type `{self.args.loss_type}`, beta `{self.args.beta}`, "
+                  f"importance sampling level `{self.args.importance_sampling_level}`.", ""]
+        return "\n".join(lines)

@@ -123,32 +123,47 @@ def _slice_width(chunk_size: int, vocab_size: int, num_tokens: int) -> int:
     return width
 
 
-def _log_normalizer(h, weight, bias, temperature, width, with_entropy, matmul_dtype):
-    """Online logsumexp (and entropy) over the full vocabulary. h (N, H), weight (V, H) -> lse (N,), entropy (N,)."""
+def _log_normalizer(h, weight, bias, temperature, width, ids, with_entropy, matmul_dtype):
+    """One online pass over the full vocabulary. h (N, H), weight (V, H), ids (N,) ->
+    lse (N,), 1 - q(y) (N,), entropy (N,) or None.
+
+    ``1 - q(y)`` is accumulated as the mass of the other tokens (not as 1 - exp(z_y - lse), which loses every digit
+    when q(y) is close to 1)."""
     num_tokens = h.shape[0]
     running_max = torch.full((num_tokens,), -math.inf, device=h.device)
-    total = torch.zeros(num_tokens, device=h.device)
-    weighted = torch.zeros(num_tokens, device=h.device) if with_entropy else None
+    other_mass = torch.zeros(num_tokens, device=h.device)  # sum_{v != y} exp(z_v - running_max)
+    own_mass = torch.zeros(num_tokens, device=h.device)  # exp(z_y - running_max)
+    weighted = torch.zeros(num_tokens, device=h.device) if with_entropy else None  # sum_v exp(z_v - max) z_v
     for start in range(0, weight.shape[0], width):
         stop = min(start + width, weight.shape[0])
         z = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
         new_max = torch.maximum(running_max, z.amax(dim=1))
         rescale = torch.exp(running_max - new_max)
         e = torch.exp(z - new_max[:, None])
-        total = total * rescale + e.sum(dim=1)
+        hit = ((ids >= start) & (ids < stop)).nonzero().flatten()
+        own_slice = torch.zeros(num_tokens, device=h.device)
+        own_logit = torch.zeros(num_tokens, device=h.device)
+        if hit.numel():
+            columns = ids[hit] - start
+            own_slice[hit] = e[hit, columns]
+            own_logit[hit] = z[hit, columns]
+            e[hit, columns] = 0.0
+        other_mass = other_mass * rescale + e.sum(dim=1)
+        own_mass = own_mass * rescale + own_slice
         if with_entropy:
-            weighted = weighted * rescale + _rowdot(e, z)  # sum_v exp(z_v - max) z_v
+            weighted = weighted * rescale + _rowdot(e, z) + own_slice * own_logit
         running_max = new_max
+    total = other_mass + own_mass
     lse = running_max + torch.log(total)
     entropy = lse - weighted / total if with_entropy else None
-    return lse, entropy
+    return lse, other_mass / total, entropy
 
 
 def _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype):
     """Slice [start, stop) of d_b = e_{y_b} - q_b for all tokens: (N, stop - start) fp32.
 
     ``sub_ids`` (N,) are the tokens' ids in the (possibly restricted) vocabulary; their one-hot entries are set to
-    ``1 - q_b(y_b)`` computed as ``-expm1(log q_b(y_b))`` (exact for peaked distributions)."""
+    ``1 - q_b(y_b)`` from :func:`_log_normalizer` (accurate when q_b(y_b) is close to 1)."""
     d = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
     d.sub_(lse[:, None]).exp_().neg_()
     hit = ((sub_ids >= start) & (sub_ids < stop)).nonzero().flatten()
@@ -232,8 +247,8 @@ def token_hidden_reward_scores(
     need_lse = num_pos > 0 or compute_entropy
     lse = entropy = None
     if num_tokens and need_lse:
-        lse, entropy = _log_normalizer(h, unembedding_weight, unembedding_bias, temperature, width,
-                                       compute_entropy, matmul_dtype)
+        lse, one_minus_q_y, entropy = _log_normalizer(h, unembedding_weight, unembedding_bias, temperature, width,
+                                                      ids, compute_entropy, matmul_dtype)
 
     if num_pos > 0:
         if vocab == "sampled":
@@ -242,12 +257,6 @@ def token_hidden_reward_scores(
             bias = None if unembedding_bias is None else unembedding_bias[vocab_ids]
         else:
             sub_ids, weight, bias = ids, unembedding_weight, unembedding_bias
-        # log q_b(y_b) from a row-wise dot product, for an exact 1 - q_b(y_b)
-        logit_y = (h.float() * unembedding_weight[ids].float()).sum(dim=1)
-        if unembedding_bias is not None:
-            logit_y += unembedding_bias[ids].float()
-        one_minus_q_y = -torch.expm1(logit_y / temperature - lse)
-
         lengths = valid.sum(dim=1).clamp(min=1).to(torch.float32)
         pos_weight = (1.0 / lengths[token_row[:num_pos]]) if length_normalized else torch.ones(num_pos, device=device)
 

@@ -1,0 +1,39 @@
+"""Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float | None]``.
+
+Registered names (METHODS.md §5): ``kk`` (Logic-RL Knights & Knaves reward), ``math`` (binary math-verify reward),
+``qa_em`` (Search-R1 exact match), ``think_format`` (CW-GRPO's ``<think>`` format reward). ``get_reward_function``
+also imports a dotted path (``my_package.my_module.my_reward``) so users can plug their own. Every function accepts
+string or chat-message completions, reads its gold column from the keyword arguments TRL passes, and never raises on
+model output. This package does not import torch.
+"""
+
+from __future__ import annotations
+
+from sharpgrpo.registry import Registry
+
+REWARD_FUNCTIONS = Registry("reward function")
+register_reward = REWARD_FUNCTIONS.register
+
+
+def get_reward_function(name_or_path: str):
+    """A registered reward function by name, or any callable by dotted import path."""
+    return REWARD_FUNCTIONS.get(name_or_path)
+
+
+# Importing the submodules registers their functions (they need register_reward, defined above).
+from reward_fns.format import think_format_reward  # noqa: E402
+from reward_fns.kk import kk_correct, kk_reward  # noqa: E402
+from reward_fns.math import math_correct, math_reward  # noqa: E402
+from reward_fns.qa import qa_em_reward  # noqa: E402
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "get_reward_function",
+    "kk_correct",
+    "kk_reward",
+    "math_correct",
+    "math_reward",
+    "qa_em_reward",
+    "register_reward",
+    "think_format_reward",
+]

@@ -1,0 +1,89 @@
+"""Math evaluation sets (shared/data/math, see its SOURCES.md) and the math prompt of METHODS.md §5.
+
+Prompt (GRPO-SG App. B.1.1, used without a chat template for base models)::
+
+    {problem} Let's think step by step and output the final answer within \\boxed{}.
+
+``load_math_eval(name)`` returns ``[{"problem", "answer", "prompt"}, ...]`` where ``answer`` is the list of acceptable
+golds normalised by ``reward_fns.math.normalize_math_gold`` (AIME '025' -> '25', AMC 142.0 -> '142', Minerva
+alternatives without their trailing newlines, OlympiadBench ``$...$`` unwrapped), the same normalisation
+``math_reward`` applies, so the golds can be fed back to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reward_fns.math import normalize_math_gold
+from sharpgrpo.data import register_dataset
+from sharpgrpo.paths import shared_data_dir
+
+MATH_PROMPT_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
+MATH_PROMPT = "{problem}" + MATH_PROMPT_SUFFIX
+
+# name -> (file in shared/data/math, format). "verl": DeepScaleR/AR-Lopti parquet rows (prompt messages ending in the
+# math suffix, gold in reward_model.ground_truth); "logicrl": Logic-RL's math_eval files (question/problem, answer).
+MATH_EVAL_SETS = {
+    "math500": ("math500_h4.jsonl", "verl"),
+    "aime24": ("aime24_dsr.jsonl", "verl"),
+    "amc": ("amc_dsr.jsonl", "verl"),
+    "minerva": ("minerva_dsr.jsonl", "verl"),
+    "olympiad_bench": ("olympiad_bench_dsr.jsonl", "verl"),
+    "aime_2021_2024": ("logicrl_aime_2021_2024.jsonl", "logicrl"),
+    "amc_logicrl": ("logicrl_amc.jsonl", "logicrl"),
+}
+
+
+def math_prompt(problem: str) -> str:
+    """``{problem} Let's think step by step and output the final answer within \\boxed{}.``"""
+    return problem + MATH_PROMPT_SUFFIX
+
+
+def _problem_and_gold(raw: dict[str, Any], file_format: str) -> tuple[str, Any]:
+    if file_format == "verl":
+        content = raw["prompt"][0]["content"]
+        if not content.endswith(MATH_PROMPT_SUFFIX):
+            raise ValueError(f"Unexpected math prompt ending: {content[-80:]!r}")
+        return content[: -len(MATH_PROMPT_SUFFIX)], raw["reward_model"]["ground_truth"]
+    return raw.get("problem", raw.get("question")), raw["answer"]
+
+
+def load_math_file(path: str | Path, file_format: str = "verl") -> list[dict[str, Any]]:
+    """Rows ``{"problem", "answer", "prompt"}`` of one math evaluation file (see :data:`MATH_EVAL_SETS`)."""
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                problem, gold = _problem_and_gold(json.loads(line), file_format)
+                rows.append({"problem": problem, "answer": normalize_math_gold(gold), "prompt": math_prompt(problem)})
+    return rows
+
+
+def load_math_eval(name: str) -> list[dict[str, Any]]:
+    """A shared math evaluation set: math500, aime24, amc, minerva, olympiad_bench (also aime_2021_2024, amc_logicrl).
+
+    Raises FileNotFoundError where the shared data is absent.
+    """
+    if name not in MATH_EVAL_SETS:
+        raise ValueError(f"Unknown math evaluation set {name!r}; valid: {', '.join(MATH_EVAL_SETS)}.")
+    directory = shared_data_dir("math")
+    if directory is None:
+        raise FileNotFoundError(
+            "The shared math data (shared/data/math) is not available; set $SHARPGRPO_SHARED_DIR to the shared folder."
+        )
+    file_name, file_format = MATH_EVAL_SETS[name]
+    return load_math_file(directory / file_name, file_format)
+
+
+@register_dataset("math_eval")
+def math_eval_dataset(name: str = "math500", conversational: bool = False):
+    """A shared math evaluation set as a dataset: ``prompt`` (string, or one user message), ``problem``, ``answer``
+    (list of acceptable golds, the column ``math_reward`` reads)."""
+    import datasets
+
+    rows = load_math_eval(name)
+    if conversational:
+        rows = [dict(row, prompt=[{"role": "user", "content": row["prompt"]}]) for row in rows]
+    return datasets.Dataset.from_list(rows)

@@ -1,0 +1,33 @@
+"""Evaluate a checkpoint as the papers do: ``python -m sharpgrpo.eval --model PATH_OR_ID --task kk|math|qa ...``.
+
+Examples::
+
+    python -m sharpgrpo.eval --model sharpgrpo-tiny --task kk --limit 5 --max_new_tokens 64 --output out/kk.json
+    python -m sharpgrpo.eval --model Qwen/Qwen2.5-3B-Instruct --task kk --data shared:logicrl --output out/kk.json
+    python -m sharpgrpo.eval --model runs/grpo_sg/checkpoint-200 --task math --n_samples 16 --output out/math.json
+    python -m sharpgrpo.eval --model runs/lora --merge --task qa --data nq_test.jsonl --output out/qa.json
+
+Writes the JSON result, a markdown table (``.md``) and the per-problem samples (``.samples.jsonl``, which also lets
+an interrupted run resume). The same from Python: ``sharpgrpo.evaluation.evaluate(model=..., task=..., output=...)``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sharpgrpo.evaluation import EvalConfig, evaluate
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(EvalConfig, description=__doc__.split("\n\n")[0])
+    (config,) = parser.parse_args_into_dataclasses(args=argv)
+    result = evaluate(config)
+    print(result["markdown"])
+    print(f"Wrote {config.output}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""``evaluate(EvalConfig)``: generate, judge, aggregate, and write the JSON result, a markdown table and the samples.
+
+Files, for ``output = results/kk.json``:
+
+* ``results/kk.json``: settings, summary metrics and the markdown table;
+* ``results/kk.md``: the markdown table;
+* ``results/kk.samples.jsonl``: one line per finished problem (completions, correctness), after a header line
+  with the settings that determine the results. It is appended to as problems finish, so an interrupted
+  evaluation resumes where it stopped: finished problem ids are skipped. Resuming with different settings is refused
+  (use ``overwrite`` or another output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator, choose_backend
+from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
+
+# Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
+# the output paths may change between runs.)
+RESULT_SETTINGS = (
+    "model",
+    "task",
+    "data",
+    "kk_people",
+    "prompt_format",
+    "qa_split",
+    "sampled_datasets",
+    "n_samples",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "apply_chat_template",
+    "merge",
+)
+
+
+@dataclass
+class EvalConfig:
+    """Settings of ``python -m sharpgrpo.eval``; every field is a command-line flag of the same name."""
+
+    model: str = field(
+        metadata={"help": "`sharpgrpo-tiny`, a local model directory, a LoRA adapter directory, or a hub id."}
+    )
+    task: str = field(metadata={"help": "kk, math or qa."})
+    output: str = field(
+        metadata={"help": "Result JSON path; the markdown table (.md) and the samples (.samples.jsonl) go beside it."}
+    )
+    data: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Data: kk: empty (the seeded generator's published test split), shared:regen, shared:logicrl, "
+            "local files/dirs/globs, or a hub id; math: data set names (olympiad_bench minerva math500 amc aime24, "
+            "the default) or local files; qa: local files or hub ids (required)."
+        },
+    )
+    kk_people: list[int] = field(
+        default_factory=list, metadata={"help": "kk: numbers of people to evaluate (default 2-8)."}
+    )
+    prompt_format: str = field(
+        default="chat_string",
+        metadata={"help": "kk: chat_string (Logic-RL's prompt string), conversational or conversational_prefill."},
+    )
+    qa_split: str = field(default="test", metadata={"help": "qa: split of hub data sets."})
+    sampled_datasets: list[str] = field(
+        default_factory=lambda: ["amc", "aime24"],
+        metadata={"help": "math: data sets scored by avg@n / pass@k from n_samples samples; the rest are greedy."},
+    )
+    n_samples: int = field(
+        default=16, metadata={"help": "Samples per problem of the sampled data sets (the papers: 16)."}
+    )
+    limit: int | None = field(
+        default=None, metadata={"help": "At most this many problems per group (per size, per data set)."}
+    )
+    max_new_tokens: int = field(default=4096, metadata={"help": "Completion length limit (the papers: 4096)."})
+    temperature: float = field(
+        default=0.6,
+        metadata={
+            "help": "Sampling temperature of the sampled data sets. The papers do not state their evaluation "
+            "temperature; 0.6 with top_p 0.95 follows DeepScaleR's AIME/AMC evaluation."
+        },
+    )
+    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling of the sampled data sets."})
+    seed: int = field(default=0, metadata={"help": "Base seed of sampling."})
+    backend: str = field(
+        default="auto", metadata={"help": "auto (vLLM if installed and a GPU is present), vllm or transformers."}
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "transformers: sequences per generate call (default 16); vLLM: problems per request (default "
+            "512). Finished problems are saved after each batch."
+        },
+    )
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16."})
+    device: str | None = field(default=None, metadata={"help": "transformers backend device (default: cuda if any)."})
+    merge: bool = field(default=False, metadata={"help": "LoRA adapter: merge it into the base weights."})
+    apply_chat_template: bool = field(
+        default=False,
+        metadata={"help": "Wrap string prompts as one user message and render the chat template (instruct models)."},
+    )
+    model_label: str | None = field(default=None, metadata={"help": "Row label in the tables (default: model)."})
+    overwrite: bool = field(default=False, metadata={"help": "Discard the samples of an earlier run and start over."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM: share of GPU memory it may use."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: tensor-parallel GPUs."})
+    max_model_len: int | None = field(default=None, metadata={"help": "vLLM: context length (default: the model's)."})
+
+    def __post_init__(self):
+        if self.task not in EVAL_TASKS:
+            raise ValueError(f"Unknown task {self.task!r}; choose one of {', '.join(EVAL_TASKS.names())}.")
+        if self.n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}.")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}.")
+        self.data = [self.data] if isinstance(self.data, str) else list(self.data)
+        self.kk_people = [int(n) for n in self.kk_people]
+        self.sampled_datasets = list(self.sampled_datasets)
+
+
+def output_paths(output: str | os.PathLike) -> dict[str, Path]:
+    output = Path(output)
+    stem = output.with_suffix("") if output.suffix == ".json" else output
+    return {
+        "json": stem.with_suffix(".json"),
+        "markdown": stem.with_suffix(".md"),
+        "samples": stem.with_suffix(".samples.jsonl"),
+    }
+
+
+def result_settings(config: EvalConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in RESULT_SETTINGS}
+
+
+def load_finished(samples_path: Path, settings: dict[str, Any], overwrite: bool) -> dict[str, dict]:
+    """Records of the problems an earlier run finished, keyed by id (a missing file or ``overwrite``: none)."""
+    if overwrite or not samples_path.exists():
+        return {}
+    finished: dict[str, dict] = {}
+    with open(samples_path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    if not lines:
+        return {}
+    header = json.loads(lines[0]).get("settings")
+    if header != json.loads(json.dumps(settings)):
+        changed = sorted(k for k in set(header or {}) | set(settings) if (header or {}).get(k) != settings.get(k))
+        raise ValueError(
+            f"{samples_path} was written with other settings (differing: {', '.join(changed)}); pass overwrite=True "
+            "(--overwrite) to start over, or choose another output."
+        )
+    for line in lines[1:]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by an interruption: that problem is redone
+            continue
+        finished[record["id"]] = record
+    return finished
+
+
+def _chunks(problems: Sequence[Problem], size_of) -> list[list[Problem]]:
+    """Consecutive chunks of problems with the same decoding, ``size_of(problem)`` problems each."""
+    chunks: list[list[Problem]] = []
+    for problem in problems:
+        if chunks and chunks[-1][0].sampled == problem.sampled and len(chunks[-1]) < size_of(problem):
+            chunks[-1].append(problem)
+        else:
+            chunks.append([problem])
+    return chunks
+
+
+def _problem_seed(base: int, problem_id: str) -> int:
+    return (base * 1_000_003 + zlib.crc32(problem_id.encode())) % (2**31)
+
+
+def build_generator(config: EvalConfig, workdir: Path):
+    from sharpgrpo.evaluation.models import load_model_and_tokenizer, load_tokenizer, merged_model_directory
+
+    backend = choose_backend(config.backend)
+    if backend == "vllm":
+        path = merged_model_directory(config.model, workdir)
+        return backend, VLLMGenerator(
+            path,
+            load_tokenizer(config.model),
+            dtype="auto" if config.dtype == "auto" else config.dtype,
+            seed=config.seed,
+            apply_chat_template=config.apply_chat_template,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            tensor_parallel_size=config.tensor_parallel_size,
+            max_model_len=config.max_model_len,
+        )
+    model, tokenizer = load_model_and_tokenizer(config.model, config.device, config.dtype, config.merge)
+    return backend, TransformersGenerator(model, tokenizer, config.batch_size or 16, config.apply_chat_template)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
+    """Run an evaluation and return the result written to ``config.output``.
+
+    ``evaluate(EvalConfig(...))`` or ``evaluate(model=..., task=..., output=..., ...)``.
+    """
+    from tqdm.auto import tqdm
+
+    if config is None:
+        config = EvalConfig(**kwargs)
+    elif kwargs:
+        config = dataclasses.replace(config, **kwargs)
+    task: EvalTask = EVAL_TASKS.get(config.task)()
+    paths = output_paths(config.output)
+    settings = result_settings(config)
+    problems = task.load_problems(config)
+    if not problems:
+        raise ValueError(f"No {config.task} problems to evaluate with data={config.data}.")
+    if len({p.id for p in problems}) != len(problems):
+        raise ValueError("Problem ids are not unique; give each data file a distinct name.")
+    finished = load_finished(paths["samples"], settings, config.overwrite)
+    todo = [p for p in problems if p.id not in finished]
+    # Longest prompts first: similar lengths share a batch, and an out-of-memory error shows up at once.
+    todo.sort(key=lambda p: (p.sampled, -len(json.dumps(p.prompt))))
+    started = time.time()
+    backend = None
+    if todo:
+        paths["samples"].parent.mkdir(parents=True, exist_ok=True)
+        if config.overwrite or not paths["samples"].exists() or paths["samples"].stat().st_size == 0:
+            with open(paths["samples"], "w", encoding="utf-8") as handle:
+                handle.write(json.dumps({"settings": settings}) + "\n")
+        with tempfile.TemporaryDirectory(prefix="sharpgrpo-eval-") as workdir:
+            backend, generator = build_generator(config, Path(workdir))
+            if isinstance(generator, TransformersGenerator):
+                size_of = lambda p: generator.prompts_per_call(config.n_samples if p.sampled else 1)  # noqa: E731
+            else:
+                size_of = lambda p: config.batch_size or 512  # noqa: E731
+            bar = tqdm(
+                total=len(problems), initial=len(problems) - len(todo), unit="problem", disable=not config.progress,
+                desc=f"{config.task} eval",
+            )  # fmt: skip
+            with bar, open(paths["samples"], "a", encoding="utf-8") as handle:
+                for chunk in _chunks(todo, size_of):
+                    sampled = chunk[0].sampled
+                    decoding = DecodingSettings(
+                        max_new_tokens=config.max_new_tokens,
+                        greedy=not sampled,
+                        n=config.n_samples if sampled else 1,
+                        temperature=config.temperature,
+                        top_p=config.top_p,
+                    )
+                    outputs = generator.generate(
+                        [p.prompt for p in chunk], decoding, seed=_problem_seed(config.seed, chunk[0].id)
+                    )
+                    texts = [[sample["text"] for sample in samples] for samples in outputs]
+                    correct = task.score(chunk, texts)
+                    for problem, samples, flags in zip(chunk, outputs, correct, strict=True):
+                        record = {
+                            "id": problem.id,
+                            "group": problem.group,
+                            "sampled": problem.sampled,
+                            "reference": problem.reference,
+                            "completions": [s["text"] for s in samples],
+                            "num_tokens": [s["num_tokens"] for s in samples],
+                            "truncated": [s["truncated"] for s in samples],
+                            "correct": flags,
+                        }
+                        handle.write(json.dumps(record, default=str) + "\n")
+                        finished[problem.id] = record
+                    handle.flush()
+                    bar.update(len(chunk))
+    records = [finished[p.id] for p in problems]
+    summary = task.summarize(records)
+    label = config.model_label or config.model
+    markdown = task.markdown(summary, label)
+    result = {
+        "task": config.task,
+        "model": config.model,
+        "model_label": label,
+        "settings": dataclasses.asdict(config),
+        "summary": summary,
+        "num_problems": len(problems),
+        "num_resumed": len(problems) - len(todo),
+        "backend": backend,
+        "seconds": round(time.time() - started, 3),
+        "samples_file": paths["samples"].name,
+        "markdown": markdown,
+    }
+    _write_atomic(paths["json"], json.dumps(result, indent=2, default=str) + "\n")
+    _write_atomic(paths["markdown"], f"# {config.task} evaluation: {label}\n\n{markdown}")
+    return result

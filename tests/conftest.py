@@ -1,0 +1,17 @@
+"""Shared fixtures: offline Hub settings and the tiny model built once per test session."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A tiny Qwen2 and its tokenizer, built locally (no download) and loaded by path like any hub model."""
+    from sharpgrpo.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2"))

@@ -1,0 +1,213 @@
+"""SharpGRPOTrainer's loss against the parent GRPOTrainer (strategy `equal`) and against a float64 reference.
+
+The loss is TRL 1.16's `_compute_loss` with token weights added, so with w = 1 it must give the parent's loss and
+gradients for every supported loss type and option. Inputs are built directly (random completions, ragged masks,
+off-policy old log-probs, reference log-probs) so every branch is exercised without generation.
+"""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
+
+B, PROMPT, T = 8, 5, 6
+
+
+def build(trainer_cls, config_cls, model_path, tmp_path, **kwargs):
+    args = config_cls(
+        output_dir=str(tmp_path),
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=B,
+        num_generations=4,
+        max_completion_length=T,
+        **kwargs,
+    )
+    trainer = trainer_cls(
+        model=model_path,
+        reward_funcs=[allowed_letters_reward],
+        args=args,
+        train_dataset=demo_dataset(16),
+        processing_class=AutoTokenizer.from_pretrained(model_path),
+    )
+    trainer.model.train()
+    return trainer
+
+
+def make_inputs(trainer, seed, off_policy=True, with_ref=True, sampled=False):
+    """Random prompts and completions; ``sampled`` draws the completions from the model (likely tokens)."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = trainer.model.config.vocab_size
+    prompt_mask = torch.ones(B, PROMPT, dtype=torch.long)
+    prompt_mask[:3, :2] = 0  # left padding
+    completion_mask = torch.ones(B, T, dtype=torch.long)
+    lengths = torch.randint(1, T + 1, (B,), generator=generator)
+    lengths[0] = 1  # a single-token completion
+    for row, length in enumerate(lengths.tolist()):
+        completion_mask[row, length:] = 0
+    inputs = {
+        "prompt_ids": torch.randint(0, vocab, (B, PROMPT), generator=generator),
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.randint(0, vocab, (B, T), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(B, generator=generator),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    if sampled:
+        torch.manual_seed(seed)
+        inputs["completion_ids"] = trainer.model.generate(
+            input_ids=inputs["prompt_ids"], attention_mask=prompt_mask, max_new_tokens=T, min_new_tokens=T,
+            do_sample=True, eos_token_id=None,
+        )[:, PROMPT:]
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([prompt_mask, completion_mask], 1),
+            T,
+        )
+    if off_policy:  # as after a few optimizer steps (num_iterations > 1): ratios away from 1, some clipped
+        inputs["old_per_token_logps"] = logps + 0.3 * torch.randn(B, T, generator=generator)
+    if with_ref:
+        inputs["ref_per_token_logps"] = logps + 0.2 * torch.randn(B, T, generator=generator)
+    return inputs
+
+
+def loss_and_grads(trainer, inputs, accumulation):
+    trainer.current_gradient_accumulation_steps = accumulation
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def assert_same(parent_result, sharp_result, atol=1e-6):
+    (parent_loss, parent_grads), (sharp_loss, sharp_grads) = parent_result, sharp_result
+    torch.testing.assert_close(sharp_loss, parent_loss, atol=atol, rtol=0)
+    assert parent_grads.keys() == sharp_grads.keys() and parent_grads
+    for name in parent_grads:
+        torch.testing.assert_close(sharp_grads[name], parent_grads[name], atol=atol, rtol=1e-5, msg=name)
+
+
+CASES = [
+    dict(loss_type=loss_type, beta=beta, importance_sampling_level=level)
+    for loss_type in ["dapo", "grpo", "bnpo", "dr_grpo"]
+    for beta in [0.0, 0.04]
+    for level in ["token", "sequence"]
+]
+EXTRAS = [
+    dict(loss_type="dapo", beta=0.04, top_entropy_quantile=0.5),
+    dict(loss_type="grpo", beta=0.0, off_policy_mask_threshold=0.05),
+    dict(loss_type="bnpo", beta=0.04, delta=1.2),
+    dict(loss_type="dapo", beta=0.04, use_bias_correction_kl=True),
+    dict(loss_type="dapo", beta=0.0, steps_per_generation=4, gradient_accumulation_steps=4),
+]
+
+
+@pytest.mark.parametrize("options", CASES + EXTRAS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("off_policy", [True, False], ids=["off_policy", "on_policy"])
+def test_equal_strategy_matches_parent(tiny_model_path, tmp_path, options, off_policy):
+    parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", **options)
+    sharp = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", strategies="equal", **options)
+    accumulation = options.get("gradient_accumulation_steps", 1)
+    for seed in range(2):
+        inputs = make_inputs(parent, seed, off_policy=off_policy, with_ref=options["beta"] > 0)
+        snapshot = {k: v.clone() for k, v in inputs.items()}
+        expected = loss_and_grads(parent, inputs, accumulation)
+        assert_same(expected, loss_and_grads(sharp, inputs, accumulation))
+        for key, value in snapshot.items():  # TRL reuses inputs: they must not be mutated
+            assert torch.equal(inputs[key], value), key
+
+
+@pytest.mark.parametrize("kl_weighting", ["loss", "inside", "none"])
+def test_equal_strategy_any_kl_weighting_is_parent(tiny_model_path, tmp_path, kl_weighting):
+    options = dict(loss_type="dapo", beta=0.04)
+    parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", **options)
+    sharp = build(
+        SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", strategies="equal",
+        kl_weighting=kl_weighting, weight_placement="loss", **options,
+    )
+    inputs = make_inputs(parent, 7)
+    assert_same(loss_and_grads(parent, inputs, 1), loss_and_grads(sharp, inputs, 1))
+
+
+def reference_loss(logps, inputs, weights, placement, kl_weighting, beta, eps_low, eps_high):
+    """float64 loops over tokens: METHODS §1 surrogate and KL, aggregated as TRL's `dapo` (sum / tokens)."""
+    assert B * T < 100  # a loop reference: keep it small
+    old, ref = inputs["old_per_token_logps"].double(), inputs["ref_per_token_logps"].double()
+    mask, advantages = inputs["completion_mask"], inputs["advantages"].double()
+    total = 0.0
+    for i in range(B):
+        a = advantages[i].item()
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+            r = math.exp(logps[i][t] - old[i, t].item())
+            w = weights[i, t].item()
+            if placement == "ratio":
+                term = -min(w * r * a, min(max(w * r, 1 - eps_low), 1 + eps_high) * a)
+            else:
+                term = -w * min(r * a, min(max(r, 1 - eps_low), 1 + eps_high) * a)
+            x = math.exp(ref[i, t].item() - logps[i][t])  # pref / p
+            if kl_weighting == "inside":
+                kl = w * x - math.log(w * x) - 1
+            elif kl_weighting == "loss":
+                kl = w * (x - math.log(x) - 1)
+            else:
+                kl = x - math.log(x) - 1
+            total += term + beta * kl * r  # TRL's default use_bias_correction_kl: KL times the ratio
+    return total / mask.sum().item()
+
+
+@pytest.mark.parametrize("placement", ["ratio", "loss"])
+@pytest.mark.parametrize("kl_weighting", ["loss", "inside", "none"])
+def test_grpo_sg_loss_matches_float64_reference(tiny_model_path, tmp_path, placement, kl_weighting):
+    sharp = build(
+        SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path, strategies="grpo_sg", beta=0.04,
+        weight_placement=placement, kl_weighting=kl_weighting,
+    )
+    inputs = make_inputs(sharp, 3, sampled=True)
+    sharp.current_gradient_accumulation_steps = 1
+    with torch.no_grad():
+        loss = sharp._compute_loss(sharp.model, inputs).item()
+        logps, _, _ = sharp._get_per_token_logps_and_entropies(
+            sharp.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            T,
+        )
+    weights = probability_shaping_weights(logps.double().exp(), 2.0, 0.25, 1 / 9, 1.0, 1.4)
+    assert weights[inputs["completion_mask"].bool()].std() > 0.01  # the weights really vary
+    expected = reference_loss(logps.double().tolist(), inputs, weights, placement, kl_weighting, 0.04, 0.2, 0.2)
+    assert loss == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_ratio_placement_clips_heavy_positive_tokens_on_policy(tiny_model_path, tmp_path):
+    """METHODS §1: on-policy, w > 1 + eps_high with A > 0 lands in the clipped branch: no gradient at all."""
+    options = dict(strategies="grpo_sg", sg_lower=1.4, sg_upper=1.4, beta=0.0)  # w = 1.4 everywhere
+    ratio = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "r", **options)
+    loss_placed = build(
+        SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "l", weight_placement="loss", **options
+    )
+    parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "p", beta=0.0)
+    inputs = make_inputs(parent, 5, off_policy=False, with_ref=False)
+    inputs["advantages"] = inputs["advantages"].abs() + 0.1
+    _, ratio_grads = loss_and_grads(ratio, inputs, 1)
+    assert all(g.abs().max() == 0 for g in ratio_grads.values())
+    ratio_metrics = ratio._metrics["train"]
+    assert ratio_metrics["token_weight/frac_grad_clipped"][-1] == 1.0
+    assert ratio_metrics["token_weight/frac_at_upper"][-1] == 1.0
+    # With the weight on the loss instead, the gradient is the parent's times 1.4.
+    parent_loss, parent_grads = loss_and_grads(parent, inputs, 1)
+    placed_loss, placed_grads = loss_and_grads(loss_placed, inputs, 1)
+    torch.testing.assert_close(placed_loss, 1.4 * parent_loss)
+    for name, grad in parent_grads.items():
+        torch.testing.assert_close(placed_grads[name], 1.4 * grad, atol=1e-6, rtol=1e-5)
