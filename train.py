@@ -87,7 +87,7 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         if task.plot:
             from sharpgrpo.plot import plot_training_curves
 
-            plot_training_curves(trainer.state.log_history, os.path.join(training_args.output_dir, "training_curves.png"))
+            plot_training_curves(training_args.output_dir, os.path.join(training_args.output_dir, "training_curves.png"))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=task.dataset_name)
     return trainer

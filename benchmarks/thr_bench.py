@@ -3,15 +3,17 @@
 For one synthetic group of G completions of equal length L (N = G*L tokens, a fraction of the completions positive,
 nP = |P|*L P-tokens) it measures, per method (``factored``, ``pairwise``, ``auto``):
 
-* wall time and peak extra memory of the score computation (CUDA: ``torch.cuda.max_memory_allocated`` above the
-  memory in use before the call; CPU: peak resident set size above the one before the call, from Linux's VmHWM after
-  resetting it through /proc/self/clear_refs; "n/a" where that is not available);
+* time (single-threaded CPU: process CPU time, see :func:`measure`) and peak extra memory of the score
+  computation (CUDA: ``torch.cuda.max_memory_allocated`` above the memory in use before the call; CPU: peak
+  resident set size above the one before the call, from Linux's VmHWM after resetting it through
+  /proc/self/clear_refs, with glibc told to return large frees to the OS; "n/a" where that is not available);
 * next to it, the time of one no-grad pass of the same N hidden states through the unembedding (logits h @ W^T for
-  all tokens, in the input dtype), as a proxy for the LM-head part of a forward pass;
+  all tokens, in the input dtype), as a proxy for the LM-head part of a forward pass (its peak memory is the
+  (N, V) logits tensor);
 * the flop count of the pairwise vocabulary product ``2 * nP * N * V`` (the floor of the pairwise formulation), the
   method's own flop count (logsumexp pass + score pass), and the achieved fractions of the machine's measured matmul
   rate: ``floor / time / rate`` and ``method flops / time / rate`` (the factored method does fewer flops than the
-  pairwise floor when nP N > H (2N + 3nP), so its floor fraction can exceed 1).
+  pairwise floor when nP N > H (N + nP), so its floor fraction can exceed 1).
 
 Examples:
     python benchmarks/thr_bench.py                       # small CPU shapes, about a minute on one core
@@ -22,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 import time
@@ -61,6 +64,17 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def release_large_frees_to_os():
+    """glibc only: serve every allocation above 1 MiB with mmap (fixed threshold), so that freed tensors leave the
+    resident set and the VmHWM delta measures the call's own peak rather than reusing an earlier call's heap."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def _rss_kib(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -72,7 +86,13 @@ def _rss_kib(field: str) -> int | None:
 
 
 def measure(fn, device, repeats):
-    """(seconds, peak extra bytes or None) of fn(); the time is the minimum over ``repeats`` calls."""
+    """(seconds, peak extra bytes or None) of fn(); the time is the minimum over ``repeats`` calls.
+
+    On CPU with one intra-op thread the time is the process CPU time (``time.process_time``): it equals the wall
+    time of an unloaded machine and is much less disturbed by other processes sharing the cores; otherwise (CUDA, or
+    several CPU threads) it is the wall time, between synchronisations on CUDA."""
+    single_thread_cpu = device.type == "cpu" and torch.get_num_threads() == 1
+    clock = time.process_time if single_thread_cpu else time.perf_counter
     best = float("inf")
     peak = None
     for _ in range(repeats):
@@ -86,10 +106,10 @@ def measure(fn, device, repeats):
                 before = _rss_kib("VmRSS")
             except OSError:
                 before = None
-        start = time.perf_counter()
+        start = clock()
         result = fn()
         synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device) - before
         elif before is not None and _rss_kib("VmHWM") is not None:
@@ -99,24 +119,17 @@ def measure(fn, device, repeats):
 
 
 def matmul_rate(device, dtype, size):
-    """Measured flop/s of a (size x size) @ (size x size) product in ``dtype``."""
+    """Measured flop/s of a (size x size) @ (size x size) product in ``dtype`` (same clock as :func:`measure`)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    a @ b
-    synchronize(device)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    seconds, _ = measure(lambda: a @ b, device, 3)
+    return 2 * size**3 / seconds
 
 
 def method_flops(method, n_tokens, n_pos, vocab, hidden, sub_vocab):
     lse_pass = 2 * n_tokens * vocab * hidden
     if method == "factored":
-        return lse_pass + 2 * sub_vocab * hidden * (2 * n_tokens + 3 * n_pos)
+        return lse_pass + 2 * sub_vocab * hidden * (2 * n_tokens + n_pos)
     return lse_pass + 2 * sub_vocab * n_tokens * (hidden + n_pos) + 2 * n_pos * n_tokens * hidden
 
 
@@ -127,6 +140,8 @@ def fmt_bytes(n):
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cpu":
+        release_large_frees_to_os()
     dtype = DTYPES[args.dtype]
     matmul_dtype = torch.bfloat16 if args.matmul_dtype == "bfloat16" else None
     if args.matmul_dtype == "tf32":
@@ -138,8 +153,8 @@ def main(argv=None):
     print(f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} matmul={args.matmul_dtype} "
           f"G={args.G} V={args.vocab} H={args.hidden} vocab_mode={args.vocab_mode} chunk_size={args.chunk_size} "
           f"frac_positive={args.frac_positive}; measured matmul rate {rate / 1e9:.1f} GFLOP/s ({rate_dtype})")
-    header = ("| L | N | nP | method | THR time | THR peak mem | unembed fwd | ratio | floor GFLOP | method GFLOP "
-              "| floor frac | method frac |")
+    header = ("| L | N | nP | method | THR time | THR peak mem | unembed fwd | THR / unembed | floor GFLOP "
+              "| method GFLOP | floor frac | method frac |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     rows = []

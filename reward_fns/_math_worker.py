@@ -11,13 +11,18 @@ Protocol: one JSON object per line on stdin, ``{"golds": [latex, ...], "predicti
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
+import os
 import sys
 
 
 def main() -> None:
+    # Replies go to the original stdout; anything a library prints goes to stderr and cannot break the protocol.
+    replies = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     from math_verify.errors import TimeoutException
 
@@ -27,10 +32,18 @@ def main() -> None:
     latex = [LatexExtractionConfig(boxed_match_priority=0)]
     latex_or_expr = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
-    @functools.lru_cache(maxsize=4096)
-    def parse_gold(gold: str, timeout: int):
-        # The G completions of a group share their gold: parse it once.
-        return parse(gold, latex_or_expr, parsing_timeout=timeout)
+    parsed_golds: dict[str, list] = {}
+
+    def parse_gold(gold: str, timeout: int) -> list:
+        # The G completions of a group share their gold: parse it once (a failed or timed-out parse is retried).
+        if gold not in parsed_golds:
+            parsed = parse(gold, latex_or_expr, parsing_timeout=timeout)
+            if not parsed:
+                return parsed
+            if len(parsed_golds) >= 4096:
+                parsed_golds.clear()
+            parsed_golds[gold] = parsed
+        return parsed_golds[gold]
 
     def is_correct(request: dict) -> bool:
         parsing_timeout = int(request.get("parsing_timeout", 5))
@@ -44,13 +57,13 @@ def main() -> None:
                 return True
         return False
 
-    print(json.dumps("ready"), flush=True)
+    print(json.dumps("ready"), file=replies, flush=True)
     for line in sys.stdin:
         try:
             correct = is_correct(json.loads(line))
         except (Exception, TimeoutException):  # TimeoutException derives from BaseException
             correct = False
-        print(json.dumps({"correct": bool(correct)}), flush=True)
+        print(json.dumps({"correct": bool(correct)}), file=replies, flush=True)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ def has_think_format(text: str) -> bool:
 
 
 @register_reward("think_format")
-def think_format_reward(prompts=None, completions=None, **kwargs) -> list[float]:
+def think_format_reward(prompts, completions, **kwargs) -> list[float]:
     """1.0 for a properly opened and closed ``<think>`` block at the start of the response, else 0.0."""
     completions = as_list(completions)
     prompts = per_completion(prompts, len(completions))
-    return [1.0 if has_think_format(scored_text(p, c)) else 0.0 for p, c in zip(prompts, completions)]
+    return [1.0 if has_think_format(scored_text(p, c)) else 0.0 for p, c in zip(prompts, completions, strict=True)]

@@ -22,10 +22,10 @@ import re
 from typing import Any
 
 from reward_fns import register_reward
-from reward_fns._common import as_list, completion_text, per_completion, scored_text
+from reward_fns._common import as_list, completion_text, last_tagged_block, per_completion, scored_text
 
 FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ROLE_WORD = re.compile(r"\b(knight|knave)\b", re.IGNORECASE)
 # Logic-RL's parse_solution_text_format: per line, the first word is the name, the first knight/knave its role.
 GOLD_LINE = re.compile(r"\b([A-Za-z]+)\b.*?\b(knight|knave)\b", re.IGNORECASE)
 
@@ -55,8 +55,8 @@ def has_logicrl_format(text: str) -> bool:
 
 def last_answer(text: str) -> str | None:
     """Stripped text of the last ``<answer>...</answer>`` block, or None."""
-    matches = ANSWER_BLOCK.findall(text)
-    return matches[-1].strip() if matches else None
+    answer = last_tagged_block(text, "<answer>", "</answer>")
+    return None if answer is None else answer.strip()
 
 
 def parse_answer(answer_text: str, names: list[str]) -> dict[str, str] | None:
@@ -88,7 +88,7 @@ def kk_score(text: str, solution_text_format: str) -> float:
 
 
 @register_reward("kk")
-def kk_reward(prompts, completions, solution_text_format=None, **kwargs) -> list[float | None]:
+def kk_reward(prompts, completions, solution_text_format, **kwargs) -> list[float | None]:
     """Logic-RL K&K training reward for TRL: one of 3, -0.5, -1, -3 per completion.
 
     ``solution_text_format`` is the gold column (``(1) NAME is a knight\\n...``). A row whose gold is None (a sample of
@@ -99,12 +99,25 @@ def kk_reward(prompts, completions, solution_text_format=None, **kwargs) -> list
     prompts = per_completion(prompts, count)
     golds = per_completion(solution_text_format, count)
     rewards: list[float | None] = []
-    for prompt, completion, gold in zip(prompts, completions, golds):
+    for prompt, completion, gold in zip(prompts, completions, golds, strict=True):
         if gold is None:
             rewards.append(None)
             continue
         rewards.append(kk_score(scored_text(prompt, completion), str(gold)))
     return rewards
+
+
+def first_role_after_name(answer: str, name: str) -> str | None:
+    """Role in the first match of ``\\bNAME\\b.*?\\b(knight|knave)\\b`` (case-insensitive, ``.`` not crossing
+    newlines), computed line by line in linear time: the first name in a line with a role word after it decides."""
+    name_pattern = re.compile(rf"\b{re.escape(name)}\b", re.IGNORECASE)
+    for line in answer.split("\n"):
+        found = name_pattern.search(line)
+        if found:
+            role = ROLE_WORD.search(line, found.end())
+            if role:
+                return role.group(1).lower()
+    return None
 
 
 def kk_correct(completion: Any, solution_text_format: Any) -> bool:
@@ -123,10 +136,4 @@ def kk_correct(completion: Any, solution_text_format: Any) -> bool:
         return False
     answer = text[answer_start + len("<answer>") : answer_end]
     gold = parse_gold(solution_text_format)
-    if not gold:
-        return False
-    for name, role in gold.items():
-        match = re.search(rf"\b{re.escape(name)}\b.*?\b(knight|knave)\b", answer, re.IGNORECASE)
-        if match is None or match.group(1).lower() != role:
-            return False
-    return True
+    return bool(gold) and all(first_role_after_name(answer, name) == role for name, role in gold.items())

@@ -10,7 +10,8 @@ else 0.0 (the binary reward of GRPO-SG App. B.1.1, TR-GRPO and CW-GRPO; METHODS.
 * math-verify's timeouts use ``signal.alarm``, which raises outside the main thread (TRL may run rewards in other
   threads). Parsing and verification therefore run in a persistent worker process (``reward_fns._math_worker``) whose
   main thread keeps math-verify's own timeouts; the caller also waits at most ``watchdog_seconds`` per completion and
-  kills and restarts the worker when it hangs (a signal cannot interrupt a long C-level computation). A timeout scores 0.
+  kills and restarts the worker when it hangs (a signal cannot interrupt a long C-level computation). A timeout
+  scores 0.
 """
 
 from __future__ import annotations
@@ -63,15 +64,18 @@ def last_boxed_content(text: str) -> str | None:
 # ----------------------------------------------------------------------------------------------------------------
 # Normalising golds
 # ----------------------------------------------------------------------------------------------------------------
-_ZERO_PADDED_OR_INTEGRAL = re.compile(r"([+-]?\d+)(?:\.0*)?")
-_SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
+_ZERO_PADDED_OR_INTEGRAL = re.compile(r"([+-]?)(\d+)(?:\.0*)?")
+_SCIENTIFIC = re.compile(r"([+-]?\d+(?:\.\d+)?)[eE]([+-]?)(\d+)")
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _LIST_SEPARATOR = re.compile(r"\s*(?:[,;]|and)?\s*")
 _DELIMITERS = (("$$", "$$"), ("\\(", "\\)"), ("\\[", "\\]"), ("$", "$"))
 
 
 def _strip_math_delimiters(text: str) -> str:
-    """``$x$`` -> ``x``; ``$69$,$84$`` -> ``69, 84`` (OlympiadBench's multi-answer golds)."""
+    """``$x$`` -> ``x``; ``$69$,$84$`` -> ``69, 84`` (OlympiadBench's multi-answer golds); an odd number of ``$``
+    (a broken gold such as ``$221,$8$``) loses them all."""
+    if len(_UNESCAPED_DOLLAR.findall(text)) % 2 == 1:
+        return _UNESCAPED_DOLLAR.sub("", text).strip()
     for opening, closing in _DELIMITERS:
         if len(text) > len(opening) + len(closing) and text.startswith(opening) and text.endswith(closing):
             inner = text[len(opening) : -len(closing)]
@@ -93,12 +97,16 @@ def _unbox(text: str) -> str:
 
 def normalize_latex_number(text: str) -> str:
     """Plain numbers math-verify would misread: '025' -> '25', '142.0' -> '142', '4.4e7' -> '4.4 \\times 10^{7}'."""
+    # String operations, not int(): Python refuses to convert integers of more than 4300 digits.
     match = _ZERO_PADDED_OR_INTEGRAL.fullmatch(text)
     if match:
-        return str(int(match.group(1)))
+        sign, digits = match.group(1), match.group(2).lstrip("0") or "0"
+        return digits if sign == "+" or digits == "0" else sign + digits
     match = _SCIENTIFIC.fullmatch(text)
     if match:
-        return f"{match.group(1)} \\times 10^{{{int(match.group(2))}}}"
+        exponent = match.group(3).lstrip("0") or "0"
+        sign = "-" if match.group(2) == "-" and exponent != "0" else ""
+        return f"{match.group(1)} \\times 10^{{{sign}{exponent}}}"
     return text
 
 
@@ -188,7 +196,10 @@ class MathVerifier:
     def _start(self) -> None:
         # Run the worker file by path: importing the reward_fns package would also import its parents' heavy
         # dependencies, and dropping "" from sys.path keeps a stray math.py in the working directory out.
-        code = f"import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; runpy.run_path({_WORKER_PATH!r}, run_name='__main__')"
+        code = (
+            "import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; "
+            f"runpy.run_path({_WORKER_PATH!r}, run_name='__main__')"
+        )
         process = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
@@ -207,10 +218,10 @@ class MathVerifier:
 
         threading.Thread(target=read_lines, daemon=True, name="math-verify-reader").start()
         try:
-            ready = lines.get(timeout=self.startup_timeout)
-        except queue.Empty:
+            ready = json.loads(lines.get(timeout=self.startup_timeout))
+        except (queue.Empty, TypeError, ValueError):  # no line, EOF (None) or not JSON
             ready = None
-        if ready is None or json.loads(ready) != "ready":
+        if ready != "ready":
             _stop_process(process)
             raise RuntimeError(
                 "The math-verify worker process did not start; check that math-verify is installed "
@@ -253,10 +264,11 @@ class MathVerifier:
                 reply = self._lines.get(timeout=self.watchdog_seconds)
             except (OSError, queue.Empty):
                 reply = None
-            if reply is None:  # hung or died: start afresh next time
+            try:
+                return bool(json.loads(reply)["correct"])
+            except Exception:  # hung (None), died, or out of step with the protocol: start afresh next time
                 self._kill()
                 return False
-            return bool(json.loads(reply).get("correct", False))
 
     def close(self) -> None:
         with self._lock:
@@ -269,7 +281,8 @@ atexit.register(DEFAULT_VERIFIER.close)
 
 
 def math_correct(completion: Any, answer: Any, verifier: MathVerifier | None = None) -> bool:
-    """Whether the last ``\\boxed{}`` of ``completion`` (a string or chat messages) matches ``answer`` (any gold shape)."""
+    """Whether the last ``\\boxed{}`` of ``completion`` (a string or chat messages) matches ``answer`` (any gold
+    shape); the check behind math evaluation."""
     content = last_boxed_content(completion_text(completion))
     golds = normalize_math_gold(answer)
     if content is None or not content.strip() or not golds:
@@ -279,7 +292,7 @@ def math_correct(completion: Any, answer: Any, verifier: MathVerifier | None = N
 
 
 @register_reward("math")
-def math_reward(prompts, completions, answer=None, **kwargs) -> list[float | None]:
+def math_reward(prompts, completions, answer, **kwargs) -> list[float | None]:
     """Binary math reward for TRL: 1.0 if the last ``\\boxed{}`` is math-verify-equivalent to ``answer``, else 0.0.
 
     ``answer`` is the gold column (a string, number or list of acceptable answers per row). A row whose gold is None
@@ -287,4 +300,7 @@ def math_reward(prompts, completions, answer=None, **kwargs) -> list[float | Non
     """
     completions = as_list(completions)
     golds = per_completion(answer, len(completions))
-    return [None if gold is None else (CORRECT if math_correct(c, gold) else WRONG) for c, gold in zip(completions, golds)]
+    return [
+        None if gold is None else (CORRECT if math_correct(c, gold) else WRONG)
+        for c, gold in zip(completions, golds, strict=True)
+    ]

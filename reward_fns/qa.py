@@ -15,10 +15,9 @@ import string
 from typing import Any
 
 from reward_fns import register_reward
-from reward_fns._common import as_list, completion_text, per_completion
+from reward_fns._common import as_list, completion_text, last_tagged_block, per_completion
 
 CORRECT, WRONG = 1.0, -1.0
-ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 PUNCTUATION = set(string.punctuation)
 
@@ -33,8 +32,7 @@ def normalize_answer(text: str) -> str:
 
 def extract_answer(text: str) -> str | None:
     """Text of the last ``<answer>...</answer>`` block, or None."""
-    matches = ANSWER_BLOCK.findall(text)
-    return matches[-1] if matches else None
+    return last_tagged_block(text, "<answer>", "</answer>")
 
 
 def gold_answers(golden_answers: Any) -> list[str]:
@@ -59,7 +57,7 @@ def exact_match(prediction: str, golden_answers: Any) -> bool:
 
 
 @register_reward("qa_em")
-def qa_em_reward(prompts, completions, golden_answers=None, **kwargs) -> list[float | None]:
+def qa_em_reward(prompts, completions, golden_answers, **kwargs) -> list[float | None]:
     """+1 / -1 exact match of the last ``<answer>`` block against ``golden_answers`` (a string or a list per row).
 
     A row whose gold is None (another task's sample in a mixed dataset) gets None. Never raises on any text.
@@ -67,7 +65,7 @@ def qa_em_reward(prompts, completions, golden_answers=None, **kwargs) -> list[fl
     completions = as_list(completions)
     golds = per_completion(golden_answers, len(completions))
     rewards: list[float | None] = []
-    for completion, gold in zip(completions, golds):
+    for completion, gold in zip(completions, golds, strict=True):
         if gold is None:
             rewards.append(None)
             continue

@@ -137,7 +137,25 @@ class SharpGRPOConfig(GRPOConfig):
             "generation (to see which tokens dominate, as in the paper's word clouds)."
         },
     )
+    nthr_length_normalized: bool = field(
+        default=False,
+        metadata={
+            "help": "`nthr`: keep THR's 1/|y_i| factor in the score compared with tau (False puts the score on the "
+            "threshold's scale, which METHODS §3 writes without 1/|y_i|)."
+        },
+    )
     passk_k: int = field(default=4, metadata={"help": "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025)."})
+
+    # Diagnostics.
+    sharpness_probe_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Every N optimizer steps, measure sharpness on the current batch: the loss increase after an "
+            "ascent step of radius `sharpness_rho` along the normalised gradient (SAM's inner maximisation); "
+            "logs sharpness/*. 0 turns the probe off."
+        },
+    )
+    sharpness_rho: float = field(default=0.05, metadata={"help": "Radius of the sharpness probe's ascent step."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -187,6 +205,8 @@ class SharpGRPOConfig(GRPOConfig):
             raise ValueError(f"`ar_alpha` must lie in [0, 1]; got {self.ar_alpha}.")
         if not 0 <= self.thr_entropy_quantile < 1:
             raise ValueError(f"`thr_entropy_quantile` must lie in [0, 1); got {self.thr_entropy_quantile}.")
+        if self.sharpness_probe_steps < 0 or self.sharpness_rho <= 0:
+            raise ValueError("Need sharpness_probe_steps >= 0 and sharpness_rho > 0.")
         if self.thr_chunk_size < 1:
             raise ValueError(f"`thr_chunk_size` must be >= 1; got {self.thr_chunk_size}.")
         if "passk_mixed" in self.strategies and not 1 <= self.passk_k <= self.num_generations:

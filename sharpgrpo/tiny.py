@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 TINY_MODEL_NAME = "sharpgrpo-tiny"
+TINY_MODEL_VERSION = 1  # bump when the build changes, so cached builds are not reused
 # Tags used by the papers' prompts; kept whole so a tiny model can emit them in one step.
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>", "\\boxed{"]
 CHAT_TEMPLATE = (
@@ -63,7 +64,7 @@ def build_tiny_model(
     architecture: str = "qwen2",
     hidden_size: int = 64,
     num_layers: int = 2,
-    warm_start_steps: int = 150,
+    warm_start_steps: int = 300,
     seed: int = 0,
     overwrite: bool = False,
 ) -> Path:
@@ -141,4 +142,4 @@ def resolve_model_name(name_or_path: str) -> str:
     """Map ``TINY_MODEL_NAME`` to a built local directory; anything else is returned unchanged."""
     if name_or_path != TINY_MODEL_NAME:
         return name_or_path
-    return str(build_tiny_model(default_cache_dir() / "tiny-qwen2"))
+    return str(build_tiny_model(default_cache_dir() / f"tiny-qwen2-v{TINY_MODEL_VERSION}"))

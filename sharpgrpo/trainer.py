@@ -179,8 +179,35 @@ class SharpGRPOTrainer(GRPOTrainer):
             token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
             for name, value in metrics.items():
                 self._metrics[mode][name].append(float(value))
+            if self.args.thr_debug_dump and getattr(strategy, "last_scores", None) is not None:
+                self._dump_token_scores(strategy, batch, token_advantages)
         start = self.accelerator.process_index * local_rows
         return token_advantages[start : start + local_rows, :local_length].contiguous()
+
+    def _dump_token_scores(self, strategy, batch: GenerationBatch, token_advantages: torch.Tensor) -> None:
+        """Write one JSON line per completion (decoded tokens, THR scores, advantages) for inspection."""
+        if not self.accelerator.is_main_process:
+            return
+        import json
+        import os
+
+        folder = os.path.join(self.args.output_dir, "thr_scores")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"generation_{self._generation_count:06d}.jsonl")
+        scores = strategy.last_scores.float().cpu()
+        with open(path, "w", encoding="utf-8") as file:
+            for row in range(batch.completion_ids.size(0)):
+                valid = batch.completion_mask[row].bool().cpu()
+                ids = batch.completion_ids[row].cpu()[valid].tolist()
+                record = {
+                    "global_step": self.state.global_step,
+                    "group_id": int(batch.group_ids[row]),
+                    "reward": float(batch.rewards[row]),
+                    "tokens": [self.processing_class.decode([i]) for i in ids],
+                    "scores": scores[row][valid].tolist(),
+                    "advantages": token_advantages[row].float().cpu()[valid].tolist(),
+                }
+                file.write(json.dumps(record) + "\n")
 
     def _sampling_logps(self, output: dict[str, Any]) -> torch.Tensor:
         """Log-probabilities of the completion under the current (= sampling) policy; TRL skips them on-policy."""
@@ -226,6 +253,39 @@ class SharpGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self._sharpness_probe_due():
+            self._run_sharpness_probe(model, inputs)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _sharpness_probe_due(self) -> bool:
+        steps = self.args.sharpness_probe_steps
+        if not steps or not self.model.training or self.state.global_step % steps != 0:
+            return False
+        return getattr(self, "_last_probe_step", None) != self.state.global_step
+
+    def _run_sharpness_probe(self, model, inputs) -> None:
+        """SAM-style sharpness on the first micro-batch of every `sharpness_probe_steps`-th step (parameters and
+        the random streams are restored exactly; the probe's own loss passes do not add loss metrics).
+
+        The loss is the micro-batch loss times the accumulation steps, i.e. on the scale of a whole step's loss.
+        """
+        from sharpgrpo.diagnostics.sharpness import sharpness_probe
+
+        self._last_probe_step = self.state.global_step
+        saved_metrics = {key: list(values) for key, values in self._metrics["train"].items()}
+        scale = self.current_gradient_accumulation_steps
+        result = sharpness_probe(
+            self.accelerator.unwrap_model(model),
+            lambda: self._compute_loss(model, inputs) * scale,
+            self.args.sharpness_rho,
+            grad_reduce=(lambda g: self.accelerator.reduce(g, "mean")) if self.accelerator.num_processes > 1 else None,
+        )
+        self._metrics["train"].clear()
+        self._metrics["train"].update(saved_metrics)
+        for key, value in result.items():
+            self._metrics["train"][key].append(value)
+
     def _compute_loss(self, model, inputs):
         """TRL 1.16 ``GRPOTrainer._compute_loss`` for dapo/grpo/bnpo/dr_grpo, with token weights (METHODS §1)."""
         args = self.args

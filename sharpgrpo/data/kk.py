@@ -59,7 +59,7 @@ SAYING_TEMPLATES = (
     '{name} said, "{content}."',
     '{name} stated, "{content}".',
     'According to {name}, "{content}".',
-    "In {name}'s words: \"{content}\".",
+    'In {name}\'s words: "{content}".',
     '{name} remarked, "{content}".',
     '"{content}," {name} declared.',
     '{name} was heard saying, "{content}".',
@@ -144,9 +144,13 @@ def _truth_table(statement: Statement, knight_masks: Sequence[int], all_ones: in
             table |= _truth_table(sub, knight_masks, all_ones)
         return table
     if operator == "->":
-        return all_ones & (~_truth_table(statement[1], knight_masks, all_ones) | _truth_table(statement[2], knight_masks, all_ones))
+        return all_ones & (
+            ~_truth_table(statement[1], knight_masks, all_ones) | _truth_table(statement[2], knight_masks, all_ones)
+        )
     if operator == "<=>":
-        return all_ones & ~(_truth_table(statement[1], knight_masks, all_ones) ^ _truth_table(statement[2], knight_masks, all_ones))
+        return all_ones & ~(
+            _truth_table(statement[1], knight_masks, all_ones) ^ _truth_table(statement[2], knight_masks, all_ones)
+        )
     raise ValueError(f"Unknown K&K operator {operator!r} in {statement!r}.")
 
 
@@ -259,7 +263,10 @@ class PuzzleSampler:
                 yield statements, solutions[0]
                 break
             else:
-                raise RuntimeError(f"No valid {self.n_people}-person puzzle found in {max_retry} samples.")
+                raise RuntimeError(
+                    f"No new valid {self.n_people}-person puzzle in {max_retry} samples: the stream is running out "
+                    "of distinct puzzles (only 399 two-person puzzles have exactly one solution)."
+                )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -287,7 +294,8 @@ def render_statement(statement: Statement, names: Sequence[str]) -> str:
 def solution_text_format(names: Sequence[str], solution: Sequence[bool]) -> str:
     """The gold answer Logic-RL scores against: ``(1) NAME is a knight\\n(2) NAME is a knave...``."""
     return "\n".join(
-        f"({i}) {name} is {'a knight' if knight else 'a knave'}" for i, (name, knight) in enumerate(zip(names, solution), 1)
+        f"({i}) {name} is {'a knight' if knight else 'a knave'}"
+        for i, (name, knight) in enumerate(zip(names, solution, strict=True), 1)
     )
 
 
@@ -301,7 +309,7 @@ def render_puzzle(statements: Sequence[Statement], solution: Sequence[bool], see
         template = str(rng.choice(SAYING_TEMPLATES))
         quiz += " " + template.format(name=names[speaker], content=render_statement(statement, names))
     quiz += " " + QUIZ_SUFFIX
-    roles = [f"{name} is {'a knight' if knight else 'a knave'}" for name, knight in zip(names, solution)]
+    roles = [f"{name} is {'a knight' if knight else 'a knave'}" for name, knight in zip(names, solution, strict=True)]
     return {
         "quiz": quiz,
         "names": names,
@@ -314,8 +322,8 @@ def render_puzzle(statements: Sequence[Statement], solution: Sequence[bool], see
 def kk_prompt(quiz: str, prompt_format: str = "chat_string") -> str | list[dict[str, str]]:
     """The GRPO-SG App. B.1.3 / Logic-RL prompt for ``quiz``.
 
-    ``chat_string``: the exact Qwen chat-formatted string of Logic-RL's data, ending in ``<|im_start|>assistant\\n<think>``
-    (use it with a plain-text prompt; kk_reward then scores ``"<think>" + completion``).
+    ``chat_string``: the exact Qwen chat-formatted string of Logic-RL's data, ending in
+    ``<|im_start|>assistant\\n<think>`` (a plain-text prompt; kk_reward then scores ``"<think>" + completion``).
     ``conversational``: system and user messages for TRL's chat template; the model must open ``<think>`` itself.
     ``conversational_prefill``: the same plus an assistant message ``"<think>"``, which TRL continues
     (``continue_final_message``); with Qwen2.5's template this renders to the ``chat_string`` prompt.
@@ -422,7 +430,9 @@ def load_shared_kk(n_people: int, source: str = "regen", prompt_format: str = "c
 # ----------------------------------------------------------------------------------------------------------------
 def _people_range(min_people: int, max_people: int) -> list[int]:
     if not MIN_PEOPLE <= min_people <= max_people <= MAX_PEOPLE:
-        raise ValueError(f"Need {MIN_PEOPLE} <= min_people <= max_people <= {MAX_PEOPLE}, got {min_people}, {max_people}.")
+        raise ValueError(
+            f"Need {MIN_PEOPLE} <= min_people <= max_people <= {MAX_PEOPLE}, got {min_people}, {max_people}."
+        )
     return list(range(min_people, max_people + 1))
 
 

@@ -1,12 +1,15 @@
 """Training data from a local file/folder or a Hugging Face Hub id, shaped for TRL and the reward functions.
 
-Users plug their own data here: DeepScaleR, ORZ or open-rs for math (gold column ``answer``), NQ/HotpotQA in
-Search-R1's format for search QA (gold column ``golden_answers``), or any jsonl/parquet file. Steps:
+Users plug their own data here: DeepScaleR, ORZ or open-rs for math (gold column ``answer``, read by ``math``),
+NQ/HotpotQA in Search-R1's format for search QA (gold column ``golden_answers``, read by ``qa_em``), or any
+jsonl/parquet file. Steps:
 
 1. ``datasets.load_dataset``: a ``.jsonl``/``.json`` file with the ``json`` builder, ``.parquet`` with ``parquet``,
-   a local folder or a hub id as given (``subset`` is the hub config name), split ``split``.
-2. ``column_mapping`` (source -> target) renames columns. A dotted source reads a nested field, e.g.
-   ``{"reward_model.ground_truth": "answer"}`` for verl-format parquet files such as DeepScaleR's or AR-Lopti's.
+   a local folder or a hub id as given (``subset`` is the hub config name), split ``split``; ``max_samples`` keeps
+   the first rows.
+2. ``column_mapping`` (source -> target) renames columns. A dotted source reads a nested field, with integers
+   indexing lists: ``{"reward_model.ground_truth": "answer"}`` for verl-format parquet files (DeepScaleR's, AR-Lopti's,
+   Search-R1's), ``{"conversations.0.value": "prompt"}`` for turn lists such as ORZ's.
 3. ``prompt_template`` (optional) builds the ``prompt`` column: a preset name from :data:`PROMPT_TEMPLATES`
    (``"math"``: ``"{prompt} Let's think step by step and output the final answer within \\boxed{}."``) or a string
    whose ``{column}`` placeholders are filled from the row after mapping. Only placeholders naming a column are
@@ -14,10 +17,16 @@ Search-R1's format for search QA (gold column ``golden_answers``), or any jsonl/
 4. ``conversational=True`` wraps a string prompt into ``[{"role": "user", "content": prompt}]`` for TRL's chat
    template (instruct models); the default keeps plain strings (base models, as the math papers do).
 
-Example (DeepScaleR on the hub, problem/answer columns)::
+Examples::
 
-    load_train_dataset("agentica-org/DeepScaleR-Preview-Dataset",
-                       column_mapping={"problem": "prompt"}, prompt_template="math")
+    # DeepScaleR or open-rs (columns problem, answer, ...): METHODS §5 math prompt, no chat template
+    load_train_dataset("agentica-org/DeepScaleR-Preview-Dataset", column_mapping={"problem": "prompt"},
+                       prompt_template="math")
+    # Search-R1's NQ/HotpotQA parquet (columns question, golden_answers, prompt = Search-R1's chat prompt)
+    load_train_dataset("data/nq_hotpotqa_train/train.parquet")
+    # Your own QA file with a template of your own
+    load_train_dataset("qa.jsonl", column_mapping={"answers": "golden_answers"},
+                       prompt_template="Answer inside <answer></answer>. Question: {question}", conversational=True)
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 def _read_nested(row: dict[str, Any], dotted: str) -> Any:
     value: Any = row
     for key in dotted.split("."):
-        value = value[key]
+        value = value[int(key)] if isinstance(value, list) and key.lstrip("-").isdigit() else value[key]
     return value
 
 
@@ -115,8 +124,10 @@ def load_dataset_source(
         )
     if conversational:
         dataset = dataset.map(
-            lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]}
-            if isinstance(row["prompt"], str)
-            else {"prompt": row["prompt"]}
+            lambda row: (
+                {"prompt": [{"role": "user", "content": row["prompt"]}]}
+                if isinstance(row["prompt"], str)
+                else {"prompt": row["prompt"]}
+            )
         )
     return dataset

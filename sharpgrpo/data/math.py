@@ -21,7 +21,8 @@ from sharpgrpo.data import register_dataset
 from sharpgrpo.paths import shared_data_dir
 
 MATH_PROMPT_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
-MATH_PROMPT = "{problem}" + MATH_PROMPT_SUFFIX
+# A str.format template (the braces of \boxed{} doubled): MATH_PROMPT.format(problem=...) == math_prompt(...).
+MATH_PROMPT = "{problem}" + MATH_PROMPT_SUFFIX.replace("{}", "{{}}")
 
 # name -> (file in shared/data/math, format). "verl": DeepScaleR/AR-Lopti parquet rows (prompt messages ending in the
 # math suffix, gold in reward_model.ground_truth); "logicrl": Logic-RL's math_eval files (question/problem, answer).

@@ -34,7 +34,9 @@ class DecodingSettings:
         if self.n < 1 or self.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be >= 1.")
         if not self.greedy and (self.temperature <= 0 or not 0 < self.top_p <= 1):
-            raise ValueError(f"Sampling needs temperature > 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}.")
+            raise ValueError(
+                f"Sampling needs temperature > 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}."
+            )
 
 
 def vllm_available() -> bool:
@@ -185,7 +187,11 @@ class VLLMGenerator:
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in encoded], params, use_tqdm=False)
         return [
             [
-                {"text": sample.text, "num_tokens": len(sample.token_ids), "truncated": sample.finish_reason == "length"}
+                {
+                    "text": sample.text,
+                    "num_tokens": len(sample.token_ids),
+                    "truncated": sample.finish_reason == "length",
+                }
                 for sample in output.outputs
             ]
             for output in outputs

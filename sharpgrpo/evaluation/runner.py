@@ -130,13 +130,10 @@ class EvalConfig:
 
 
 def output_paths(output: str | os.PathLike) -> dict[str, Path]:
-    output = Path(output)
-    stem = output.with_suffix("") if output.suffix == ".json" else output
-    return {
-        "json": stem.with_suffix(".json"),
-        "markdown": stem.with_suffix(".md"),
-        "samples": stem.with_suffix(".samples.jsonl"),
-    }
+    """``{"json", "markdown", "samples"}`` paths for ``output`` (``x.json`` or ``x`` -> x.json, x.md, x.samples.jsonl)."""
+    base = str(output)
+    base = base.removesuffix(".json")
+    return {"json": Path(base + ".json"), "markdown": Path(base + ".md"), "samples": Path(base + ".samples.jsonl")}
 
 
 def result_settings(config: EvalConfig) -> dict[str, Any]:
@@ -192,7 +189,7 @@ def build_generator(config: EvalConfig, workdir: Path):
         return backend, VLLMGenerator(
             path,
             load_tokenizer(config.model),
-            dtype="auto" if config.dtype == "auto" else config.dtype,
+            dtype=config.dtype,
             seed=config.seed,
             apply_chat_template=config.apply_chat_template,
             gpu_memory_utilization=config.gpu_memory_utilization,
@@ -240,12 +237,17 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         if config.overwrite or not paths["samples"].exists() or paths["samples"].stat().st_size == 0:
             with open(paths["samples"], "w", encoding="utf-8") as handle:
                 handle.write(json.dumps({"settings": settings}) + "\n")
+        else:
+            with open(paths["samples"], "rb+") as handle:  # end a line cut short by an interruption
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":
+                    handle.write(b"\n")
         with tempfile.TemporaryDirectory(prefix="sharpgrpo-eval-") as workdir:
             backend, generator = build_generator(config, Path(workdir))
             if isinstance(generator, TransformersGenerator):
-                size_of = lambda p: generator.prompts_per_call(config.n_samples if p.sampled else 1)  # noqa: E731
+                size_of = lambda p: generator.prompts_per_call(config.n_samples if p.sampled else 1)
             else:
-                size_of = lambda p: config.batch_size or 512  # noqa: E731
+                size_of = lambda p: config.batch_size or 512
             bar = tqdm(
                 total=len(problems), initial=len(problems) - len(todo), unit="problem", disable=not config.progress,
                 desc=f"{config.task} eval",

@@ -171,7 +171,10 @@ def _kk_row_from_record(raw: dict, prompt_format: str) -> dict:
 
 
 def load_kk_rows(
-    data: Sequence[str], prompt_format: str = "chat_string", people: Sequence[int] = KK_PEOPLE, limit: int | None = None
+    data: Sequence[str],
+    prompt_format: str = "chat_string",
+    people: Sequence[int] = KK_PEOPLE,
+    limit: int | None = None,
 ) -> list[tuple[str, dict]]:
     """``(source, row)`` pairs of K&K puzzles from ``data`` (see :class:`KKTask`)."""
     from sharpgrpo.data import kk
@@ -265,7 +268,9 @@ class KKTask(EvalTask):
         return {
             "by_people": by_people,
             "overall": {"accuracy": correct / total if total else None, "correct": correct, "problems": total},
-            "avg_over_people": (sum(m["accuracy"] for m in by_people.values()) / len(by_people)) if by_people else None,
+            "avg_over_people": (sum(m["accuracy"] for m in by_people.values()) / len(by_people))
+            if by_people
+            else None,
         }
 
     def markdown(self, summary, label):
@@ -433,7 +438,9 @@ class QATask(EvalTask):
 
     def load_problems(self, config) -> list[Problem]:
         if not config.data:
-            raise ValueError("The qa task needs --data: local files or hub ids of QA rows (e.g. Search-R1's test sets).")
+            raise ValueError(
+                "The qa task needs --data: local files or hub ids of QA rows (e.g. Search-R1's test sets)."
+            )
         problems, positions = [], defaultdict(int)
         for item in config.data:
             files = _expand_local(item)

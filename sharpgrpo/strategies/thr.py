@@ -5,7 +5,8 @@ contribution to the likelihood change of the group's correct completions, from t
 (the input of the unembedding), the temperature-scaled next-token distributions ``q`` and the sampled tokens ``y``:
 
     alpha((i,k),(j,m)) = < e_y[i,k] - q[i,k] , e_y[j,m] - q[j,m] >
-    THR[j,m] = s_j * sum_{i in P} (1/|y_i|) * sum_k alpha((i,k),(j,m)) * < h[i,k], h[j,m] >,   s_j = +1 if j in P else -1
+    THR[j,m] = s_j * sum_{i in P} (1/|y_i|) * sum_k alpha((i,k),(j,m)) * < h[i,k], h[j,m] >
+    s_j = +1 if j in P else -1
 
 Notation of this module: a group has ``N`` completion tokens (mask 1), ``nP`` of them in positive completions
 ("P-tokens"); ``V`` is the vocabulary size and ``H`` the hidden size. Pure torch: no trainer, accelerate or
@@ -18,9 +19,10 @@ How the scores are computed (never a tokens x tokens x V tensor). Write ``d_a = 
   slice, fp32 accumulator), then multiplied elementwise with the hidden Gram matrix ``H_P @ H^T`` in row tiles and
   reduced with the weights ``1/|y_i|``. Cost ~ 2 nP N V (the pairwise product) + 2 N V H (logits), memory nP x N.
 * ``factored``: ``sum_a w_a <d_a, d_b> <h_a, h_b> = d_b^T S h_b`` with ``S = sum_{a in P} w_a d_a h_a^T`` (V, H),
-  built and consumed one vocabulary slice at a time: ``S_v = D_P,v^T @ (w * H_P)`` then
-  ``THR_b += sum_{v in slice} d_b[v] * (H @ S_v^T)[b, v]``. Cost ~ 2 V H (2 N + 3 nP) and no tokens x tokens
-  matrix at all: cheaper than the pairwise product as soon as nP N > H (2 N + 3 nP) (long completions).
+  built and consumed one vocabulary slice at a time: per positive completion ``S_i,v = D_i,v^T @ H_i``,
+  ``S_v = sum_i w_i S_i,v``, then ``THR_b += sum_{v in slice} d_b[v] * (H @ S_v^T)[b, v]``; the threshold's
+  per-completion sums are the Frobenius products ``<sum_i S_i,v , S_i',v>``. Cost ~ 2 V H (2 N + nP) and no
+  tokens x tokens matrix at all: cheaper than the pairwise product as soon as nP N > H (N + nP) (long completions).
 ``method="auto"`` picks the one with fewer flops (pairwise only while its (nP, N) accumulator fits the memory
 budget of ``chunk_size``). Both need the log-normaliser of every token first: one pass over the vocabulary
 (online logsumexp in fp32, and the entropy in the same pass when asked).
@@ -85,19 +87,23 @@ def positive_set(rewards: torch.Tensor, advantages: torch.Tensor) -> torch.Tenso
     return advantages > 0
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: torch.dtype | None) -> torch.Tensor:
-    """fp32 result of ``a @ b``. ``matmul_dtype=None``: fp32 inputs (TF32 on CUDA when the user enabled it with
-    ``torch.backends.cuda.matmul.allow_tf32``); ``torch.bfloat16``: bf16 inputs, fp32 accumulation and, on CUDA,
-    fp32 output (``out_dtype``) where the installed torch supports it."""
+def _matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: torch.dtype | None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 result of ``a @ b`` (written into the fp32 ``out`` when given). ``matmul_dtype=None``: fp32 inputs (TF32
+    on CUDA when the user enabled it with ``torch.backends.cuda.matmul.allow_tf32``); ``torch.bfloat16``: bf16
+    inputs, fp32 accumulation and, on CUDA, fp32 output (``out_dtype``) where the installed torch supports it."""
     if matmul_dtype is None or matmul_dtype == torch.float32:
-        return a.float() @ b.float()
+        return torch.mm(a.float(), b.float(), out=out) if out is not None else a.float() @ b.float()
     a, b = a.to(matmul_dtype), b.to(matmul_dtype)
+    result = None
     if a.is_cuda:
         try:
-            return torch.mm(a, b, out_dtype=torch.float32)
+            result = torch.mm(a, b, out_dtype=torch.float32)
         except (TypeError, RuntimeError):
-            pass
-    return (a @ b).float()
+            result = None
+    if result is None:
+        result = (a @ b).float()
+    return out.copy_(result) if out is not None else result
 
 
 def _rowdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -203,11 +209,12 @@ def token_hidden_reward_scores(
             normaliser is still the full-vocabulary logsumexp; [y == y'] and q(y) terms are unchanged since those ids
             are in the set.
         chunk_size: memory knob, in tokens: every vocabulary-sized temporary holds at most about ``chunk_size * V``
-            elements (the full distributions of ``chunk_size`` tokens): the vocabulary is processed in slices of
-            width ``chunk_size * V // N`` for a group of N tokens, token x token tiles have at most ``chunk_size``
-            rows, and ``auto`` uses the (nP, N) pairwise accumulator only while nP * N <= chunk_size * V. Peak
-            extra memory is a few such temporaries (~3 * chunk_size * V * 4 bytes) plus the method's own
-            (factored: V-slice x H; pairwise: nP x N fp32). Results do not depend on it beyond fp32 rounding.
+            elements (the full distributions of ``chunk_size`` tokens). The vocabulary is processed in slices of
+            width ``chunk_size * V // N`` for a group of N tokens (factored: also at most
+            ``chunk_size * V // (|P| H)``, for its |P| per-completion (slice, H) matrices); pairwise token x token
+            tiles have at most ``chunk_size`` rows, and ``auto`` uses the (nP, N) pairwise accumulator only while
+            nP * N <= chunk_size * V. Peak extra memory is therefore a few times ``chunk_size * V * 4`` bytes, plus
+            nP * N * 4 bytes for ``pairwise``. Results do not depend on it beyond fp32 rounding.
         beta: threshold scale, tau = beta * min_{i' in P} sequence_influence[i'] (METHODS: beta = 1).
         length_normalized: True (THR Corollary 4.2): weight 1/|y_i| for the positive completion i; False: weight 1
             (the unnormalised influence sum of Deng et al. 2025, on the threshold's scale). The threshold itself is
@@ -243,7 +250,6 @@ def token_hidden_reward_scores(
     ids = completion_ids.reshape(-1)[flat_index].long()
 
     scores_flat = torch.zeros(num_tokens, device=device)
-    influence_pos = torch.zeros(num_pos, device=device)
     need_lse = num_pos > 0 or compute_entropy
     lse = entropy = None
     if num_tokens and need_lse:
@@ -257,21 +263,28 @@ def token_hidden_reward_scores(
             bias = None if unembedding_bias is None else unembedding_bias[vocab_ids]
         else:
             sub_ids, weight, bias = ids, unembedding_weight, unembedding_bias
-        lengths = valid.sum(dim=1).clamp(min=1).to(torch.float32)
-        pos_weight = (1.0 / lengths[token_row[:num_pos]]) if length_normalized else torch.ones(num_pos, device=device)
+        lengths = valid.sum(dim=1).to(torch.float32)
+        pos_rows, pos_counts = torch.unique_consecutive(token_row[:num_pos], return_counts=True)
+        seq_weight = (1.0 / lengths[pos_rows]) if length_normalized else torch.ones(len(pos_rows), device=device)
 
         sub_vocab = weight.shape[0]
-        flops_factored = 2 * sub_vocab * hidden_size * (2 * num_tokens + 3 * num_pos)
+        flops_factored = 2 * sub_vocab * hidden_size * (2 * num_tokens + num_pos)
         flops_pairwise = 2 * sub_vocab * num_tokens * (hidden_size + num_pos) + 2 * num_pos * num_tokens * hidden_size
         chosen = method
         if method == "auto":
             fits = num_pos * num_tokens <= chunk_size * vocab_size
             chosen = "pairwise" if (fits and flops_pairwise < flops_factored) else "factored"
-        common = (h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, width, matmul_dtype)
+        common = (h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, matmul_dtype)
         if chosen == "pairwise":
-            scores_flat, influence_pos = _pairwise_sums(*common, pos_weight, num_pos, chunk_size)
+            pos_weight = seq_weight.repeat_interleave(pos_counts)
+            scores_flat, influence_tokens = _pairwise_sums(*common, width, pos_weight, chunk_size)
+            seq_sums = torch.zeros(len(pos_rows), device=device).index_add_(
+                0, torch.arange(len(pos_rows), device=device).repeat_interleave(pos_counts), influence_tokens)
         else:
-            scores_flat, influence_pos = _factored_sums(*common, pos_weight, num_pos)
+            # the per-sequence (Vc, H) matrices of one slice stay within the chunk_size * V budget
+            width = min(width, max(1, (chunk_size * vocab_size) // (len(pos_rows) * hidden_size)))
+            scores_flat, seq_sums = _factored_sums(*common, width, pos_counts.tolist(), seq_weight,
+                                                   length_normalized)
         scores_flat[num_pos:] *= -1.0  # s_j = -1 outside P
 
     scores = torch.zeros(num_rows * length, device=device)
@@ -279,10 +292,8 @@ def token_hidden_reward_scores(
     influence = torch.full((num_rows,), math.nan, device=device)
     tau = math.nan
     if num_pos > 0:
-        sums = torch.zeros(num_rows, device=device).index_add_(0, token_row[:num_pos], influence_pos)
-        has_tokens = positive & valid.any(dim=1)
-        influence[has_tokens] = sums[has_tokens] / valid.sum(dim=1)[has_tokens].float()
-        tau = beta * float(influence[has_tokens].min())
+        influence[pos_rows] = seq_sums / lengths[pos_rows]
+        tau = beta * float(influence[pos_rows].min())
     entropies = None
     if compute_entropy:
         entropies = torch.zeros(num_rows * length, device=device)
@@ -292,31 +303,43 @@ def token_hidden_reward_scores(
     return ThrScores(scores.view(num_rows, length), tau, influence, entropies)
 
 
-def _factored_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, width, matmul_dtype, pos_weight,
-                   num_pos):
-    """Exact sums via S = sum_{a in P} w_a d_a h_a^T, one vocabulary slice at a time.
+def _factored_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, matmul_dtype, width, seq_lengths,
+                   seq_weight, weighted_differs):
+    """Exact sums via per-sequence ``S_i = sum_{k in i} d_(i,k) h_(i,k)^T``, one vocabulary slice at a time.
 
-    Returns (N,) ``sum_{a in P} w_a alpha(a, b) <h_a, h_b>`` for every token b and (nP,) the unweighted
-    ``sum_{a in P} alpha(a, b) <h_a, h_b>`` for the P-tokens b (threshold)."""
-    hidden_size = h.shape[1]
-    h_pos = h[:num_pos].float()
-    both = torch.cat([h_pos * pos_weight[:, None], h_pos], dim=1)  # (nP, 2H)
+    The P-tokens are the leading ``sum(seq_lengths)`` rows of h, sequence after sequence. With
+    ``S_w = sum_i w_i S_i`` and ``S_1 = sum_i S_i``, returns (N,) ``sum_{a in P} w_a alpha(a, b) <h_a, h_b>
+    = d_b^T S_w h_b`` for every token b, and (|P|,) for each positive sequence i' the unweighted sum over its tokens
+    ``sum_{m in i'} sum_{a in P} alpha(a, (i',m)) <h_a, h_(i',m)> = <S_1, S_i'>_F`` (threshold, Eq. 8)."""
     weighted = torch.zeros(h.shape[0], device=h.device)
-    unweighted = torch.zeros(num_pos, device=h.device)
+    seq_sums = torch.zeros(len(seq_lengths), device=h.device)
+    weights = seq_weight.tolist()
+    bounds = [0]
+    for n in seq_lengths:
+        bounds.append(bounds[-1] + n)
     for start in range(0, weight.shape[0], width):
         stop = min(start + width, weight.shape[0])
         d = _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
-        s = _matmul(d[:num_pos].T, both, matmul_dtype)  # (Vc, 2H) = [S_v | S_v with weights 1]
-        weighted += _rowdot(_matmul(h, s[:, :hidden_size].T, matmul_dtype), d)
-        unweighted += _rowdot(_matmul(h[:num_pos], s[:, hidden_size:].T, matmul_dtype), d[:num_pos])
-    return weighted, unweighted
+        s_all = torch.empty(len(seq_lengths), stop - start, h.shape[1], device=h.device)  # (|P|, Vc, H)
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            _matmul(d[lo:hi].T, h[lo:hi], matmul_dtype, out=s_all[i])
+        s_one = s_all.sum(dim=0)
+        if weighted_differs:
+            s_w = torch.zeros_like(s_one)
+            for i, w in enumerate(weights):
+                s_w.add_(s_all[i], alpha=w)
+        else:
+            s_w = s_one
+        weighted += _rowdot(_matmul(h, s_w.T, matmul_dtype), d)
+        seq_sums += s_all.view(len(seq_lengths), -1) @ s_one.view(-1)
+    return weighted, seq_sums
 
 
-def _pairwise_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, width, matmul_dtype, pos_weight,
-                   num_pos, chunk_size):
-    """Same sums as :func:`_factored_sums` via alpha = D_P D^T (nP, N), accumulated over vocabulary slices, times
-    the hidden Gram matrix in row tiles of at most ``chunk_size`` rows."""
-    num_tokens = h.shape[0]
+def _pairwise_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, matmul_dtype, width, pos_weight,
+                   chunk_size):
+    """Same sums via alpha = D_P D^T (nP, N), accumulated over vocabulary slices, times the hidden Gram matrix in
+    row tiles of at most ``chunk_size`` rows. Returns (N,) weighted sums and (nP,) unweighted sums per P-token."""
+    num_tokens, num_pos = h.shape[0], pos_weight.shape[0]
     alpha = torch.zeros(num_pos, num_tokens, device=h.device)
     for start in range(0, weight.shape[0], width):
         stop = min(start + width, weight.shape[0])

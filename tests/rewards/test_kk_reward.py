@@ -1,10 +1,14 @@
 """Logic-RL K&K reward (METHODS.md §5, GRPO-SG Table 5) and the lenient evaluation check."""
 
+import re
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reward_fns.kk import kk_correct, kk_reward, kk_score, parse_gold
+from reward_fns._common import last_tagged_block
+from reward_fns.kk import first_role_after_name, kk_correct, kk_reward, kk_score, parse_gold
 
 GOLD = "(1) Zoey is a knight\n(2) Oliver is a knave"
 PREFILLED = "<|im_start|>user\nquiz\n<|im_end|>\n<|im_start|>assistant\n<think>"  # Logic-RL's prompt ending
@@ -138,7 +142,7 @@ ANY_COMPLETION = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=st.one_of(ADVERSARIAL_TEXT, st.just(PREFILLED), st.none()), completion=ANY_COMPLETION,
        gold=st.one_of(st.just(GOLD), ADVERSARIAL_TEXT))  # fmt: skip
 def test_never_raises_and_stays_in_the_reward_set(prompt, completion, gold):
@@ -156,3 +160,29 @@ def test_any_reasoning_text_keeps_a_right_answer_right(thinking, tail):
     completion = f"{thinking}</think><answer>{RIGHT}</answer>{tail}"
     assert score(completion) == 3.0
     assert kk_correct(completion, GOLD)
+
+
+SMALL_TEXT = st.lists(
+    st.sampled_from(
+        ["<answer>", "</answer>", "<answer", "answer>", "Zoey", "zoey", " is a ", "knight", "knave", "\n", "x"]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=SMALL_TEXT)
+def test_linear_extractors_agree_with_the_reference_regexes(text):
+    matches = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    assert last_tagged_block(text, "<answer>", "</answer>") == (matches[-1] if matches else None)
+    match = re.search(r"\bZoey\b.*?\b(knight|knave)\b", text, re.IGNORECASE)
+    assert first_role_after_name(text, "Zoey") == (match.group(1).lower() if match else None)
+
+
+def test_degenerate_outputs_are_scored_in_linear_time():
+    """Repetition loops must not stall training: the reference regexes take tens of seconds on these."""
+    start = time.monotonic()
+    assert score("<answer>" * 20000) == -3.0
+    assert score(" r </think><answer>" + "Zoey " * 20000 + "</answer>") == -1.0
+    assert not kk_correct("</think><answer>" + "Zoey " * 20000 + "</answer>", GOLD)
+    assert time.monotonic() - start < 5.0

@@ -114,9 +114,11 @@ def test_scores_match_float64_reference(seed, vocab, method):
 
 
 @pytest.mark.parametrize("vocab", ["full", "sampled"])
-def test_unnormalised_scores_match_reference(vocab):
+@pytest.mark.parametrize("method", ["factored", "pairwise"])
+def test_unnormalised_scores_match_reference(vocab, method):
     hidden, ids, mask, positive, weight, bias = make_group(11)
-    result = token_hidden_reward_scores(hidden, ids, mask, positive, weight, bias, 1.0, vocab, length_normalized=False)
+    result = token_hidden_reward_scores(hidden, ids, mask, positive, weight, bias, 1.0, vocab, length_normalized=False,
+                                        method=method)
     reference = reference_scores(hidden, ids, mask, positive, weight, bias, 1.0, vocab, length_normalized=False)
     assert_scores_close(result, reference, mask)
 
@@ -141,6 +143,20 @@ def test_chunk_size_does_not_change_results(method):
         torch.testing.assert_close(other.scores, results[-1].scores, rtol=1e-6, atol=1e-6 * scale)
         torch.testing.assert_close(other.entropies, results[-1].entropies, rtol=1e-6, atol=1e-6)
         assert other.tau == pytest.approx(results[-1].tau, rel=1e-6)
+
+
+def test_rounded_vocabulary_slices_match_one_slice():
+    # A vocabulary large enough for slice widths >= 1024 (rounded to multiples of 128, last slice shorter).
+    gen = torch.Generator().manual_seed(21)
+    vocab = 2500
+    hidden, ids = torch.randn(3, 7, H, generator=gen), torch.randint(0, vocab, (3, 7), generator=gen)
+    weight = torch.randn(vocab, H, generator=gen) / math.sqrt(H)
+    mask, positive = torch.ones(3, 7), torch.tensor([True, False, True])
+    for method in ("factored", "pairwise"):
+        sliced = token_hidden_reward_scores(hidden, ids, mask, positive, weight, None, chunk_size=10, method=method)
+        whole = token_hidden_reward_scores(hidden, ids, mask, positive, weight, None, chunk_size=10**6, method=method)
+        torch.testing.assert_close(sliced.scores, whole.scores, rtol=1e-5, atol=1e-6 * float(whole.scores.abs().max()))
+        assert sliced.tau == pytest.approx(whole.tau, rel=1e-5)
 
 
 def test_methods_agree_and_auto_picks_one_of_them():
@@ -378,8 +394,7 @@ def test_thr_strategy_matches_per_group_functions():
     assert strategy.needs_hidden_states and strategy.kind == "advantage"
     out, metrics = strategy.token_advantages(batch)
     expected = batch.advantages.clone()
-    rows = slice(8, 12)  # the third group is the only other mixed one
-    for rows in (slice(0, 4), slice(8, 12)):
+    for rows in (slice(0, 4), slice(8, 12)):  # the mixed groups
         positive = batch.rewards[rows] == 1
         result = token_hidden_reward_scores(
             batch.hidden_states[rows], batch.completion_ids[rows], batch.completion_mask[rows], positive,

@@ -1,0 +1,399 @@
+"""Which tokens a token-weight strategy favours: GRPO-SG App. C.3's word-cloud analysis, as a table and a bar chart.
+
+GRPO-SG ranks frequently occurring tokens by their mean model probability
+``mean_p(o) = (1 / #occ(o)) * sum_occurrences p(o)`` and shows the top 100 high- and low-probability tokens (GRPO-SG
+Figure 3: structure tokens are confident, generic words are not). Here each listed token also gets its mean weight
+under the configured strategy, ``strategy.weights(logps, mask)`` on the same temperature-scaled log-probabilities
+the trainer uses, so the table shows directly which tokens the strategy up- or down-weights.
+
+Completions come from a run's saved completions (TRL ``log_completions=True`` writes
+``output_dir/completions/completions_<step>.parquet``) or are sampled from the model for given prompts.
+
+    python -m sharpgrpo.diagnostics.tokens --model RUN_DIR --completions RUN_DIR/completions --output DIR
+    python -m sharpgrpo.diagnostics.tokens --model sharpgrpo-tiny --prompts prompts.jsonl --output DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sharpgrpo.evaluation.generation import encode_prompts
+from sharpgrpo.evaluation.report import markdown_table
+
+
+@dataclass
+class TokenTotals:
+    """Per-vocabulary-id sums over the analysed completion tokens (1-D tensors of length V, float64)."""
+
+    count: torch.Tensor
+    prob: torch.Tensor
+    weight: torch.Tensor
+
+    @classmethod
+    def zeros(cls, vocab_size: int) -> TokenTotals:
+        return cls(*(torch.zeros(vocab_size, dtype=torch.float64) for _ in range(3)))
+
+    def add(self, ids: torch.Tensor, probs: torch.Tensor, weights: torch.Tensor) -> None:
+        """Accumulate flat (N,) token ids with their probabilities and weights."""
+        size = self.count.numel()
+        ids = ids.cpu().long()
+        self.count += torch.bincount(ids, minlength=size).double()
+        self.prob += torch.bincount(ids, weights=probs.cpu().double(), minlength=size)
+        self.weight += torch.bincount(ids, weights=weights.cpu().double(), minlength=size)
+
+
+def weight_strategy(strategy: str | None = None, config: Any = None, **overrides):
+    """``(strategy object, config, name)``: a registered token-weight strategy built from ``config`` (default: a
+    ``SharpGRPOConfig`` with ``strategies=[strategy]`` and ``overrides``, e.g. ``sg_tau=0.2``); without ``strategy``
+    the config's own token-weight strategy."""
+    from sharpgrpo.strategies import STRATEGIES
+
+    if config is None:
+        from sharpgrpo.config import SharpGRPOConfig
+
+        overrides = {"bf16": False, "report_to": [], **overrides}  # only the strategy parameters are used
+        with tempfile.TemporaryDirectory() as output_dir:
+            config = SharpGRPOConfig(output_dir=output_dir, strategies=[strategy or "grpo_sg"], **overrides)
+    if strategy is None:
+        strategy = next((n for n in config.strategies if STRATEGIES.get(n).kind == "weight"), None)
+        if strategy is None:
+            raise ValueError(f"The config's strategies {config.strategies} hold no token-weight strategy.")
+    cls = STRATEGIES.get(strategy)
+    if cls.kind != "weight":
+        raise ValueError(
+            f"{strategy!r} is an advantage strategy; the token analysis needs a token-weight strategy "
+            "(grpo_sg, reverse, random, equal)."
+        )
+    return cls(config), config, strategy
+
+
+@torch.no_grad()
+def completion_logps(
+    model, tokenizer, prompts: Sequence[Any], completions: Sequence[str], temperature: float = 1.0,
+    batch_size: int = 8, apply_chat_template: bool = False,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """Per completion, ``(token ids (T,), temperature-scaled log-probabilities (T,))`` under ``model``.
+
+    As in TRL: the prompt is left-padded, the completion right-padded, logits are divided by the temperature before
+    the log-softmax. Completion text is re-tokenised without special tokens.
+    """
+    device = next(model.parameters()).device
+    prompt_ids = encode_prompts(tokenizer, prompts, apply_chat_template)
+    completion_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in completions]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    results = []
+    for start in range(0, len(prompt_ids), batch_size):
+        prompts_batch = prompt_ids[start : start + batch_size]
+        completions_batch = completion_ids[start : start + batch_size]
+        p_width = max(len(p) for p in prompts_batch)
+        c_width = max(1, max(len(c) for c in completions_batch))
+        rows, masks = [], []
+        for p, c in zip(prompts_batch, completions_batch, strict=True):
+            rows.append([pad] * (p_width - len(p)) + p + c + [pad] * (c_width - len(c)))
+            masks.append([0] * (p_width - len(p)) + [1] * (len(p) + len(c)) + [0] * (c_width - len(c)))
+        input_ids = torch.tensor(rows, device=device)
+        logits = model(input_ids=input_ids, attention_mask=torch.tensor(masks, device=device)).logits
+        logits = logits[:, p_width - 1 : p_width + c_width - 1].float() / temperature
+        logps = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, p_width:, None]).squeeze(-1)
+        for row, c in enumerate(completions_batch):
+            results.append((torch.tensor(c, dtype=torch.long), logps[row, : len(c)].cpu()))
+    return results
+
+
+def token_totals(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], strategy, vocab_size: int) -> TokenTotals:
+    """Sum count, probability and strategy weight per token id over ``(ids, logps)`` pairs.
+
+    The weights are computed on the completions as one right-padded (B, T) batch with its mask, as the trainer does.
+    """
+    totals = TokenTotals.zeros(vocab_size)
+    pairs = [(ids, logps) for ids, logps in pairs if ids.numel()]
+    if not pairs:
+        return totals
+    width = max(ids.numel() for ids, _ in pairs)
+    logps = torch.zeros(len(pairs), width, dtype=torch.float32)
+    mask = torch.zeros(len(pairs), width, dtype=torch.float32)
+    ids = torch.zeros(len(pairs), width, dtype=torch.long)
+    for row, (token_ids, token_logps) in enumerate(pairs):
+        ids[row, : token_ids.numel()] = token_ids
+        logps[row, : token_ids.numel()] = token_logps
+        mask[row, : token_ids.numel()] = 1
+    weights = strategy.weights(logps, mask).float()
+    valid = mask.bool()
+    totals.add(ids[valid], logps.exp()[valid], weights[valid])
+    return totals
+
+
+def display_token(text: str) -> str:
+    """A token's text with its whitespace visible (space as U+2423, newlines and tabs escaped)."""
+    if text == "":
+        return "''"
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r").replace(" ", "␣")
+
+
+def rank_tokens(
+    totals: TokenTotals, tokenizer, top: int = 100, min_count: int = 5, exclude_ids: Sequence[int] = ()
+) -> dict[str, list[dict[str, Any]]]:
+    """The ``top`` highest- and lowest-mean-probability tokens among those seen at least ``min_count`` times.
+
+    The two lists never share a token: with fewer than ``2 * top`` candidates the upper half goes to ``high``.
+
+    Each entry: ``token_id``, ``token`` (display form), ``count``, ``mean_prob``, ``mean_weight``. ``high`` is sorted
+    by decreasing mean probability, ``low`` by increasing (ties by count, then id).
+    """
+    count = totals.count
+    frequent = (count >= max(1, min_count)).clone()
+    for token_id in exclude_ids:
+        if 0 <= token_id < frequent.numel():
+            frequent[token_id] = False
+    candidates = frequent.nonzero().flatten().tolist()
+    mean_prob = totals.prob / count.clamp(min=1)
+    mean_weight = totals.weight / count.clamp(min=1)
+
+    def entry(token_id: int) -> dict[str, Any]:
+        return {
+            "token_id": token_id,
+            "token": display_token(tokenizer.decode([token_id])),
+            "count": int(count[token_id]),
+            "mean_prob": mean_prob[token_id].item(),
+            "mean_weight": mean_weight[token_id].item(),
+        }
+
+    # With fewer than 2 * top candidates the two lists split them instead of overlapping.
+    n_high = min(top, math.ceil(len(candidates) / 2))
+    n_low = min(top, len(candidates) - n_high)
+    high = sorted(candidates, key=lambda t: (-mean_prob[t].item(), -count[t].item(), t))[:n_high]
+    low = sorted(candidates, key=lambda t: (mean_prob[t].item(), -count[t].item(), t))[:n_low]
+    return {"high": [entry(t) for t in high], "low": [entry(t) for t in low]}
+
+
+def tokens_markdown(ranking: dict[str, list[dict]], strategy: str, overall: dict[str, float]) -> str:
+    text = (
+        f"Token analysis under `{strategy}`: {overall['tokens']} completion tokens, mean probability "
+        f"{overall['mean_prob']:.3f}, mean weight {overall['mean_weight']:.3f}.\n\n"
+    )
+    for side, title in (("high", "High-probability tokens"), ("low", "Low-probability tokens")):
+        rows = [
+            [rank, f"`{e['token']}`", e["count"], f"{e['mean_prob']:.3f}", f"{e['mean_weight']:.3f}"]
+            for rank, e in enumerate(ranking[side], 1)
+        ]
+        text += f"{title}\n\n" + markdown_table(["Rank", "Token", "Count", "Mean prob", "Mean weight"], rows) + "\n"
+    return text
+
+
+def plot_token_weights(
+    ranking: dict[str, list[dict]], path: str | Path, strategy: str, top: int = 25,
+    bounds: tuple[float, float] | None = None,
+) -> None:  # fmt: skip
+    """Two horizontal bar panels (high / low probability tokens): bar = mean weight, label = mean probability and
+    count; the strategy's weight bounds as dashed lines; both panels share the weight axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sides = [("high", "High-probability tokens", "tab:blue"), ("low", "Low-probability tokens", "tab:orange")]
+    rows = max(1, max(len(ranking[s][:top]) for s, _, _ in sides))
+    all_weights = [e["mean_weight"] for s, _, _ in sides for e in ranking[s][:top]] + list(bounds or ())
+    with plt.rc_context({"text.parse_math": False}):  # tokens such as "$" are not mathtext
+        fig, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.28 * rows), sharex=True)
+        for ax, (side, title, color) in zip(axes, sides, strict=True):
+            entries = ranking[side][:top]
+            labels = [e["token"] for e in entries]
+            weights = [e["mean_weight"] for e in entries]
+            positions = list(range(len(entries)))[::-1]
+            ax.barh(positions, weights, color=color, alpha=0.8)
+            ax.set_yticks(positions, labels, fontsize=8)
+            for y, e in zip(positions, entries, strict=True):
+                ax.text(e["mean_weight"], y, f" p={e['mean_prob']:.2f} n={e['count']}", va="center", fontsize=7)
+            for bound in bounds or ():
+                ax.axvline(bound, color="gray", linestyle="--", linewidth=0.8)
+            ax.set_xlabel("mean token weight")
+            ax.set_title(title, fontsize=10)
+            ax.grid(axis="x", alpha=0.3)
+        if all_weights:
+            low, high = min(all_weights), max(all_weights)
+            margin = max(0.05, 0.1 * (high - low))
+            axes[0].set_xlim(max(0.0, low - margin), high + 4 * margin)  # room for the labels
+        fig.suptitle(f"Mean {strategy} weight of the most/least probable frequent tokens (dashed: weight bounds)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def read_logged_completions(path: str | Path, max_rows: int | None = None) -> tuple[list[Any], list[str]]:
+    """``(prompts, completions)`` from TRL's ``completions_<step>.parquet`` files (a file or their folder)."""
+    import pandas as pd
+
+    path = Path(path)
+    files = sorted(path.glob("completions_*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"No completions_*.parquet in {path} (train with log_completions=True).")
+    prompts, completions = [], []
+    for file in files:
+        frame = pd.read_parquet(file)
+        for prompt, completion in zip(frame["prompt"], frame["completion"], strict=True):
+            prompts.append(_plain(prompt))
+            completion = _plain(completion)
+            if isinstance(completion, list):  # conversational: the assistant messages' text
+                completion = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+            completions.append(completion)
+    if max_rows is not None:
+        prompts, completions = prompts[:max_rows], completions[:max_rows]
+    return prompts, completions
+
+
+def _plain(value: Any) -> Any:
+    """Parquet returns message lists as numpy arrays of dicts; make them lists."""
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) if not isinstance(v, dict) else {k: _plain(x) for k, x in v.items()} for v in value]
+    return value
+
+
+def read_prompts(path: str | Path) -> list[Any]:
+    """Prompts from a ``.jsonl`` file (a ``prompt`` field per line) or a text file (one prompt per line)."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as handle:
+        lines = [line for line in handle.read().splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        return [json.loads(line)["prompt"] for line in lines]
+    return [line.replace("\\n", "\n") for line in lines]
+
+
+def analyze_tokens(
+    model,
+    tokenizer,
+    prompts: Sequence[Any],
+    completions: Sequence[str] | None = None,
+    strategy: str | None = None,
+    config: Any = None,
+    temperature: float | None = None,
+    num_samples: int = 4,
+    max_new_tokens: int = 256,
+    top: int = 100,
+    min_count: int = 5,
+    batch_size: int = 8,
+    apply_chat_template: bool = False,
+    output: str | Path | None = None,
+    chart_top: int = 25,
+    seed: int = 0,
+    **overrides,
+) -> dict[str, Any]:
+    """Rank tokens by mean probability and report their mean strategy weight.
+
+    Args:
+        model, tokenizer: the policy whose probabilities are analysed.
+        prompts: prompts (strings or message lists); with ``completions`` one per completion, else sampled from.
+        completions: completion texts (e.g. :func:`read_logged_completions`); None samples ``num_samples`` per
+            prompt at ``temperature`` with at most ``max_new_tokens`` tokens.
+        strategy, config, overrides: the token-weight strategy (see :func:`weight_strategy`).
+        temperature: scales the logits (default: the config's ``temperature``, as in training).
+        top, min_count: table size, and how often a token must occur to be ranked.
+        output: folder for ``tokens.json``, ``tokens.md`` and ``tokens.png`` (nothing written when None).
+    """
+    strategy_object, config, strategy_name = weight_strategy(strategy, config, **overrides)
+    temperature = float(config.temperature if temperature is None else temperature)
+    if completions is None:
+        from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator
+
+        generator = TransformersGenerator(model, tokenizer, max(batch_size, num_samples), apply_chat_template)
+        settings = DecodingSettings(max_new_tokens, greedy=False, n=num_samples, temperature=temperature, top_p=1.0)
+        samples = generator.generate(prompts, settings, seed=seed)
+        prompts = [p for p, s in zip(prompts, samples, strict=True) for _ in s]
+        completions = [sample["text"] for s in samples for sample in s]
+    elif len(completions) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions; give one prompt per completion.")
+    pairs = completion_logps(model, tokenizer, prompts, completions, temperature, batch_size, apply_chat_template)
+    vocab_size = max(model.get_output_embeddings().weight.shape[0], len(tokenizer))
+    totals = token_totals(pairs, strategy_object, vocab_size)
+    ranking = rank_tokens(totals, tokenizer, top, min_count, exclude_ids=tokenizer.all_special_ids)
+    n_tokens = int(totals.count.sum().item())
+    overall = {
+        "tokens": n_tokens,
+        "completions": len(completions),
+        "mean_prob": totals.prob.sum().item() / max(n_tokens, 1),
+        "mean_weight": totals.weight.sum().item() / max(n_tokens, 1),
+    }
+    result = {
+        "strategy": strategy_name,
+        "temperature": temperature,
+        "min_count": min_count,
+        "overall": overall,
+        "weight_bounds": list(strategy_object.bounds()),
+        **ranking,
+    }
+    if output is not None:
+        output = Path(output)
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "tokens.json").write_text(json.dumps(result, indent=2) + "\n")
+        (output / "tokens.md").write_text(tokens_markdown(ranking, strategy_name, overall))
+        plot_token_weights(ranking, output / "tokens.png", strategy_name, chart_top, strategy_object.bounds())
+        result["files"] = [str(output / f) for f in ("tokens.json", "tokens.md", "tokens.png")]
+    return result
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"Expected KEY=VALUE, got {text!r}.")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from sharpgrpo.evaluation.models import load_model_and_tokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="sharpgrpo-tiny, a model/adapter directory or a hub id.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--completions", help="TRL's completions folder (or one completions_<step>.parquet file).")
+    source.add_argument("--prompts", help="Prompts to sample from: .jsonl with a 'prompt' field, or one per line.")
+    parser.add_argument("--output", required=True, help="Folder for tokens.json, tokens.md and tokens.png.")
+    parser.add_argument(
+        "--strategy", default="grpo_sg", help="Token-weight strategy (grpo_sg, reverse, random, equal)."
+    )
+    parser.add_argument(
+        "--set", dest="overrides", action="append", type=_parse_override, default=[], metavar="KEY=VALUE",
+        help="SharpGRPOConfig field, e.g. --set sg_tau=0.2 (repeatable).",
+    )  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=None, help="Logit temperature (default: the config's).")
+    parser.add_argument("--num_samples", type=int, default=4, help="Samples per prompt (with --prompts).")
+    parser.add_argument("--max_new_tokens", type=int, default=256, help="Sample length (with --prompts).")
+    parser.add_argument("--max_rows", type=int, default=None, help="Analyse at most this many logged completions.")
+    parser.add_argument("--top", type=int, default=100, help="Tokens per table (the paper: 100).")
+    parser.add_argument("--chart_top", type=int, default=25, help="Tokens per bar-chart panel.")
+    parser.add_argument("--min_count", type=int, default=5, help="Rank only tokens seen at least this often.")
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--apply_chat_template", action="store_true", help="Wrap string prompts as a user message.")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
+    if args.completions:
+        prompts, completions = read_logged_completions(args.completions, args.max_rows)
+    else:
+        prompts, completions = read_prompts(args.prompts), None
+    result = analyze_tokens(
+        model, tokenizer, prompts, completions, strategy=args.strategy, temperature=args.temperature,
+        num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, top=args.top, min_count=args.min_count,
+        batch_size=args.batch_size, apply_chat_template=args.apply_chat_template, output=args.output,
+        chart_top=args.chart_top, seed=args.seed, **dict(args.overrides),
+    )  # fmt: skip
+    print(tokens_markdown({"high": result["high"], "low": result["low"]}, result["strategy"], result["overall"]))
+    return result
+
+
+if __name__ == "__main__":
+    main()

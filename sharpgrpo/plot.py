@@ -1,0 +1,251 @@
+"""Training curves of one or more runs, per step: ``python -m sharpgrpo.plot RUN_DIR [RUN_DIR ...] --output DIR``.
+
+Reads each run's ``trainer_state.json`` (the run folder, its latest ``checkpoint-N``, or the file itself) and writes
+one PNG per metric group that any run logged, comparing the runs:
+
+* ``reward.png``: ``reward`` and each reward function's ``rewards/<name>/mean``;
+* ``grad_norm.png``: ``grad_norm`` with spikes (values above ``spike_factor`` x the run's median) marked, as in the
+  papers' gradient-norm figures (GRPO-SG Figure 1, TR-GRPO Figure 3);
+* ``entropy.png``: policy entropy (and ``kl`` when logged);
+* ``token_weight.png``: ``token_weight/mean|std|min|max|frac_at_lower|frac_at_upper``;
+* ``clipping.png``: ``clip_ratio/low_mean|high_mean|region_mean`` and ``token_weight/frac_grad_clipped``;
+* ``sharpness.png``: the sharpness probe's ``sharpness/*``; ``strategy.png``: strategy metrics (``cw/*``,
+  ``thr/*``, ``nthr/*``, ``ar/*``, ``passk/*``);
+
+plus ``grad_norm_summary.json`` / ``.md``: per run, the grad-norm mean, std, coefficient of variation, median, max
+and the number of spikes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sharpgrpo.diagnostics.curves import load_log_history, metric_series, spike_summary
+from sharpgrpo.evaluation.report import markdown_table
+
+# (file name, title, exact keys, key prefixes)
+METRIC_GROUPS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("reward", "Reward", ("reward",), ("rewards/",)),
+    ("grad_norm", "Gradient norm", ("grad_norm",), ()),
+    ("entropy", "Policy entropy", ("entropy", "kl"), ()),
+    (
+        "token_weight",
+        "Token weights",
+        tuple(f"token_weight/{s}" for s in ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper")),
+        (),
+    ),
+    (
+        "clipping",
+        "Clipped fractions",
+        ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "token_weight/frac_grad_clipped"),
+        (),
+    ),
+    ("sharpness", "Sharpness probe", (), ("sharpness/",)),
+    ("strategy", "Strategy metrics", (), ("cw/", "thr/", "nthr/", "ar/", "passk/")),
+)
+# Per-function reward statistics other than the mean only crowd the reward figure.
+SKIPPED_SUFFIXES = ("/std",)
+
+
+def run_labels(runs: Sequence[str | Path]) -> list[str]:
+    """Folder names, with parents added where two runs would share a label."""
+    paths = [Path(r).resolve() for r in runs]
+    paths = [p.parent if p.is_file() else p for p in paths]
+    labels = [p.name for p in paths]
+    depth = 1
+    while len(set(labels)) < len(labels) and depth < 5:
+        depth += 1
+        labels = ["/".join(p.parts[-depth:]) for p in paths]
+    return labels
+
+
+def group_keys(histories: Sequence[list[dict[str, Any]]], keys: Sequence[str], prefixes: Sequence[str]) -> list[str]:
+    """The group's keys that at least one run logged with a finite value, exact keys first."""
+    present: set[str] = set()
+    for history in histories:
+        for entry in history:
+            for key, value in entry.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    present.add(key)
+    found = [k for k in keys if k in present]
+    for prefix in prefixes:
+        found += sorted(
+            k for k in present if k.startswith(prefix) and k not in found and not k.endswith(SKIPPED_SUFFIXES)
+        )
+    return found
+
+
+def ema(values: Sequence[float], alpha: float) -> list[float]:
+    """Exponential moving average with weight ``alpha`` on the newest value (alpha = 1: no smoothing)."""
+    smoothed, current = [], None
+    for value in values:
+        current = value if current is None else alpha * value + (1 - alpha) * current
+        smoothed.append(current)
+    return smoothed
+
+
+def _plot_group(
+    path: Path,
+    title: str,
+    keys: Sequence[str],
+    histories: Sequence[list[dict[str, Any]]],
+    labels: Sequence[str],
+    smooth: float,
+    spike_factor: float,
+) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    columns = min(3, len(keys))
+    rows = math.ceil(len(keys) / columns)
+    width = 5.2 * columns if columns > 1 else 8.0
+    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.6 * rows + (0.6 if columns == 1 else 0)), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, key in enumerate(keys):
+        ax = axes[index // columns][index % columns]
+        for run_index, (history, label) in enumerate(zip(histories, labels, strict=True)):
+            steps, values = metric_series(history, key)
+            if not steps:
+                continue
+            color = colors[run_index % len(colors)]
+            if key == "grad_norm":
+                summary = spike_summary(values, spike_factor)
+                label = f"{label} (std {summary['std']:.3g}, max {summary['max']:.3g}, spikes {summary['spikes']})"
+            if 0 < smooth < 1:
+                ax.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
+                ax.plot(steps, ema(values, smooth), color=color, label=label, linewidth=1.6)
+            else:
+                ax.plot(
+                    steps, values, color=color, label=label, linewidth=1.4, marker="." if len(steps) < 30 else None
+                )
+            if key == "grad_norm":
+                threshold = spike_factor * summary["median"]
+                spikes = [(s, v) for s, v in zip(steps, values) if v > threshold]
+                if spikes:
+                    ax.scatter(*zip(*spikes), color=color, marker="x", s=40, zorder=3)
+                ax.axhline(threshold, color=color, linestyle=":", linewidth=0.8)
+        spike_note = f"  (x: spike above {spike_factor:g} x median, dotted line)"
+        ax.set_title(key + (spike_note if key == "grad_norm" else ""), fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for index in range(len(keys), rows * columns):
+        axes[index // columns][index % columns].set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_runs(
+    runs: Sequence[str | Path],
+    output: str | Path,
+    labels: Sequence[str] | None = None,
+    smooth: float = 0.0,
+    spike_factor: float = 3.0,
+) -> dict[str, Any]:
+    """Write the PNGs and the grad-norm summary for ``runs`` into ``output``; return ``{"files", "grad_norm"}``.
+
+    Args:
+        runs: run folders (or ``trainer_state.json`` files).
+        output: folder for the files (created).
+        labels: legend names (default: folder names).
+        smooth: EMA weight of the newest value in (0, 1) to overlay a smoothed curve; 0 plots raw values only.
+        spike_factor: a grad-norm value above ``spike_factor`` x the run's median counts as a spike.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    if not runs:
+        raise ValueError("Give at least one run folder.")
+    labels = list(labels) if labels else run_labels(runs)
+    if len(labels) != len(runs):
+        raise ValueError("Give one label per run.")
+    histories = [load_log_history(run) for run in runs]
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, title, keys, prefixes in METRIC_GROUPS:
+        present = group_keys(histories, keys, prefixes)
+        if name == "reward" and len([k for k in present if k.startswith("rewards/")]) == 1:
+            present = [k for k in present if not k.startswith("rewards/")]  # one function: the same curve as reward
+        if present:
+            path = output / f"{name}.png"
+            _plot_group(path, title, present, histories, labels, smooth, spike_factor)
+            files.append(path)
+    summaries = {}
+    for label, history in zip(labels, histories, strict=True):
+        summaries[label] = spike_summary(metric_series(history, "grad_norm")[1], spike_factor)
+    (output / "grad_norm_summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    (output / "grad_norm_summary.md").write_text(grad_norm_markdown(summaries, spike_factor))
+    files += [output / "grad_norm_summary.json", output / "grad_norm_summary.md"]
+    return {"files": [str(f) for f in files], "grad_norm": summaries}
+
+
+TRAINING_CURVE_KEYS = (
+    "reward",
+    "grad_norm",
+    "token_weight/mean",
+    "token_weight/std",
+    "token_weight/min",
+    "token_weight/max",
+    "token_weight/frac_grad_clipped",
+)
+
+
+def plot_training_curves(run: str | Path, output: str | Path, label: str | None = None) -> Path | None:
+    """One PNG of a single run: reward, grad norm and the token-weight statistics per step (what ``train.py``
+    writes as ``training_curves.png``); keys the run did not log are left out. Returns the path, or None when
+    nothing was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    history = load_log_history(run)
+    keys = group_keys([history], TRAINING_CURVE_KEYS, ("cw/", "thr/", "nthr/"))
+    if not keys:
+        return None
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    _plot_group(output, "Training curves", keys, [history], [label or run_labels([run])[0]], 0.0, 3.0)
+    return output
+
+
+def grad_norm_markdown(summaries: dict[str, dict[str, Any]], spike_factor: float) -> str:
+    def number(value):
+        return "-" if value is None else f"{value:.4g}"
+
+    headers = ["Run", "Steps", "Mean", "Std", "CV", "Median", "Max", f"Spikes (> {spike_factor:g} x median)"]
+    rows = [
+        [label, s["steps"], number(s["mean"]), number(s["std"]), number(s["cv"]), number(s["median"]),
+         number(s["max"]), s["spikes"]]
+        for label, s in summaries.items()
+    ]  # fmt: skip
+    return "Gradient-norm variability per run (population std; CV = std / mean).\n\n" + markdown_table(headers, rows)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="Run folders (or trainer_state.json files).")
+    parser.add_argument("--output", required=True, help="Folder for the PNGs and the grad-norm summary.")
+    parser.add_argument("--labels", nargs="+", default=None, help="Legend names, one per run (default: folder names).")
+    parser.add_argument(
+        "--smooth", type=float, default=0.0, help="EMA weight in (0, 1) of an overlaid smoothed curve; 0: raw only."
+    )
+    parser.add_argument(
+        "--spike_factor", type=float, default=3.0, help="A grad norm above this x the run's median is a spike."
+    )
+    args = parser.parse_args(argv)
+    result = plot_runs(args.runs, args.output, args.labels, args.smooth, args.spike_factor)
+    print(grad_norm_markdown(result["grad_norm"], args.spike_factor))
+    print("Wrote " + ", ".join(Path(f).name for f in result["files"]))
+    return result
+
+
+if __name__ == "__main__":
+    main()
