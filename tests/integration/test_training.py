@@ -1,0 +1,155 @@
+"""Really train the tiny model a few steps with every strategy and check what changed.
+
+Rewards are binary (the demo reward thresholded at 0.5) so that every strategy applies, pass@k included, and
+groups are mixed (THR reweights only groups with correct and incorrect completions).
+"""
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+from sharpgrpo.strategies.covariance import covariance_gaussian_weights
+
+pytestmark = pytest.mark.slow
+
+
+def binary_letters_reward(prompts, completions, allowed, **kwargs):
+    return [float(r >= 0.5) for r in allowed_letters_reward(prompts, completions, allowed)]
+
+
+def make_trainer(model_path, output_dir, **kwargs):
+    options = dict(
+        output_dir=str(output_dir),
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+    options.update(kwargs)
+    return SharpGRPOTrainer(
+        model=model_path,
+        reward_funcs=[binary_letters_reward],
+        args=SharpGRPOConfig(**options),
+        train_dataset=demo_dataset(64),
+        processing_class=AutoTokenizer.from_pretrained(model_path),
+    )
+
+
+def train_and_check(trainer):
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert changed, "no parameter changed"
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == trainer.args.max_steps
+    return logs
+
+
+WEIGHT_METRICS = [
+    "token_weight/mean",
+    "token_weight/std",
+    "token_weight/min",
+    "token_weight/max",
+    "token_weight/frac_at_lower",
+    "token_weight/frac_at_upper",
+    "token_weight/frac_grad_clipped",
+]
+STRATEGY_METRICS = {
+    "grpo_sg": WEIGHT_METRICS,
+    "equal": WEIGHT_METRICS,
+    "random": WEIGHT_METRICS,
+    "reverse": WEIGHT_METRICS,
+    "ar": ["ar/factor_mean"],
+    "cw_grpo": ["cw/weight_mean", "cw/weight_min", "cw/frac_below_0.5", "cw/sigma"],
+    "thr": ["thr/frac_retained", "thr/frac_positive", "thr/tau", "thr/abs_mean"],
+    "nthr": [],
+    "passk_mixed": [],
+}
+
+
+@pytest.mark.parametrize(
+    "strategies",
+    [[name] for name in STRATEGY_METRICS] + [["grpo_sg", "cw_grpo"], ["grpo_sg", "passk_mixed", "thr"]],
+    ids=lambda s: "+".join(s),
+)
+def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
+    logs = train_and_check(make_trainer(tiny_model_path, tmp_path, strategies=strategies))
+    for name in strategies:
+        for key in STRATEGY_METRICS[name]:
+            assert all(key in entry for entry in logs), f"{key} missing"
+    for key in ["reward", "entropy", "clip_ratio/region_mean", "grad_norm"]:  # TRL's own metric names stay
+        assert all(key in entry for entry in logs)
+    if "grpo_sg" in strategies:
+        assert all(1.0 <= entry["token_weight/min"] <= entry["token_weight/max"] <= 1.4 for entry in logs)
+    if strategies == ["equal"]:
+        assert all(entry["token_weight/std"] == 0.0 for entry in logs)
+
+
+@pytest.mark.parametrize("p", [0.1, -0.1])
+def test_thr_exploit_and_explore_train(tiny_model_path, tmp_path, p):
+    trainer = make_trainer(tiny_model_path, tmp_path, strategies="thr", thr_p=p, thr_debug_dump=True)
+    logs = train_and_check(trainer)
+    assert all(0.0 <= entry["thr/frac_retained"] <= 1.0 for entry in logs)
+    dumps = sorted((tmp_path / "thr_scores").glob("*.jsonl"))
+    assert dumps, "thr_debug_dump wrote nothing"
+    import json
+
+    rows = [json.loads(line) for line in dumps[0].read_text().splitlines()]
+    assert len(rows) == 16 and all(len(r["tokens"]) == len(r["scores"]) == len(r["advantages"]) for r in rows)
+
+
+class Recorder:
+    """Wraps an advantage strategy and keeps every batch it saw and the token advantages it returned."""
+
+    def __init__(self, strategy):
+        self.strategy, self.calls = strategy, []
+
+    def __getattr__(self, name):
+        return getattr(self.strategy, name)
+
+    def token_advantages(self, batch):
+        advantages, metrics = self.strategy.token_advantages(batch)
+        self.calls.append((batch, advantages, metrics))
+        return advantages, metrics
+
+
+def record_cw_run(model_path, output_dir, **kwargs):
+    trainer = make_trainer(model_path, output_dir, strategies="cw_grpo", max_steps=4, **kwargs)
+    recorder = Recorder(trainer.advantage_strategies[0])
+    trainer.advantage_strategies = [recorder]
+    trainer.train()
+    return recorder.calls
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(per_device_train_batch_size=4, gradient_accumulation_steps=4),  # GA = 4, one generation per step
+        dict(per_device_train_batch_size=4, steps_per_generation=4, num_iterations=1),  # 4 steps per generation
+        dict(per_device_train_batch_size=16, num_iterations=2),  # each generation batch used twice
+    ],
+    ids=["ga4", "steps_per_generation4", "num_iterations2"],
+)
+def test_cw_weights_do_not_depend_on_batching(tiny_model_path, tmp_path, variant):
+    """CW-GRPO statistics are those of whole groups of the generation batch, whatever TRL does to it afterwards:
+    the first generation batch (same seed, same 16 completions) gets the same token advantages."""
+    reference = record_cw_run(tiny_model_path, tmp_path / "reference")  # per_device 16, GA 1
+    other = record_cw_run(tiny_model_path, tmp_path / "other", **variant)
+    (ref_batch, ref_advantages, ref_metrics), (batch, advantages, metrics) = reference[0], other[0]
+    assert torch.equal(ref_batch.completion_ids, batch.completion_ids)  # the same generation batch
+    torch.testing.assert_close(advantages, ref_advantages, atol=1e-6, rtol=1e-5)
+    assert metrics == pytest.approx(ref_metrics, rel=1e-5)
+    # And the trainer's wiring equals the formula applied to whole groups directly.
+    expected, _ = covariance_gaussian_weights(batch.old_logps, batch.advantages, batch.completion_mask, batch.group_ids)
+    torch.testing.assert_close(advantages, expected * batch.advantages, atol=1e-6, rtol=1e-5)
+    assert torch.equal(batch.group_ids, torch.arange(16) // 8)
+    assert (advantages.abs() > 0).any()
