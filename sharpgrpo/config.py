@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from sharpgrpo.strategies.covariance import CW_SCOPES
+from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
+
 WEIGHT_PLACEMENTS = ("ratio", "loss")
 KL_WEIGHTINGS = ("loss", "inside", "none")
 SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
-CW_SCOPES = ("group", "batch")
-THR_VOCABS = ("full", "sampled")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sharpgrpo.data.math import MATH_PROMPT
 from sharpgrpo.evaluation.metrics import mean_avg_at_k, mean_pass_at_k, pass_k_values
 from sharpgrpo.evaluation.report import fraction, markdown_table, percent
 from sharpgrpo.registry import Registry
@@ -36,7 +37,6 @@ MATH_DISPLAY = {
     "amc": "AMC",
     "aime24": "AIME",
 }
-MATH_PROMPT = "{problem} Let's think step by step and output the final answer within \\boxed{{}}."  # METHODS §5
 # Search-R1's instruction without the search-engine sentences (this evaluator has no retriever).
 QA_PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then provide the "

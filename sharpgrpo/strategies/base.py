@@ -36,7 +36,7 @@ class GenerationBatch:
 
     Attributes:
         old_logps: (B, T) float, detached temperature-scaled log-probabilities of the sampled tokens under the
-            policy that sampled them.
+            policy that sampled them; None when no configured strategy sets ``needs_old_logps``.
         completion_mask: (B, T) {0, 1}, 1 on completion tokens that enter the loss.
         completion_ids: (B, T) long, the sampled tokens.
         advantages: (B, T) float, the token advantages so far (TRL's group-normalised ``A[i]`` broadcast over
@@ -51,7 +51,7 @@ class GenerationBatch:
         temperature: the sampling temperature that scales the logits.
     """
 
-    old_logps: torch.Tensor
+    old_logps: torch.Tensor | None
     completion_mask: torch.Tensor
     completion_ids: torch.Tensor
     advantages: torch.Tensor
@@ -93,6 +93,7 @@ class AdvantageStrategy:
 
     kind: ClassVar[str] = "advantage"
     needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
+    needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
 
     def __init__(self, args: Any):
         self.args = args

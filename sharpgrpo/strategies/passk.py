@@ -89,6 +89,8 @@ class PassKMixedStrategy(AdvantageStrategy):
     advantage strategy (e.g. ``thr``); the pass@K term is broadcast over tokens (padding included; the loss masks it).
     Metrics: ``passk/pass_at_k`` (mean rho over groups) and ``passk/mix_q`` (mean q = c / n)."""
 
+    needs_old_logps = False
+
     def __init__(self, args: Any):
         super().__init__(args)
         self.k = int(getattr(args, "passk_k", 4))

@@ -476,6 +476,7 @@ class _HiddenRewardStrategy(AdvantageStrategy):
     """Shared adapter: reads ``thr_*`` parameters from the config, loops over the groups of a batch."""
 
     needs_hidden_states = True
+    needs_old_logps = False
     metric_prefix = "thr"
     length_normalized = True
 

@@ -72,7 +72,7 @@ STRATEGY_METRICS = {
     "cw_grpo": ["cw/weight_mean", "cw/weight_min", "cw/frac_below_0.5", "cw/sigma"],
     "thr": ["thr/frac_retained", "thr/frac_positive", "thr/tau", "thr/abs_mean"],
     "nthr": [],
-    "passk_mixed": [],
+    "passk_mixed": ["passk/pass_at_k", "passk/mix_q"],
 }
 
 
