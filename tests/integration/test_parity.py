@@ -211,3 +211,28 @@ def test_ratio_placement_clips_heavy_positive_tokens_on_policy(tiny_model_path, 
     torch.testing.assert_close(placed_loss, 1.4 * parent_loss)
     for name, grad in parent_grads.items():
         torch.testing.assert_close(placed_grads[name], 1.4 * grad, atol=1e-6, rtol=1e-5)
+
+
+def test_sequence_token_level_is_gspo_token(tiny_model_path, tmp_path):
+    """GSPO-token: the value of the sequence ratio with per-token gradients. With an advantage constant over a
+    sequence it equals GSPO (TRL's `sequence` level) in loss and gradients; with token advantages it differs."""
+    options = dict(strategies="equal", beta=0.0, loss_type="grpo")
+    sequence = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "s",
+                     importance_sampling_level="sequence", **options)
+    sequence_token = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "st",
+                           importance_sampling_level="sequence_token", **options)
+    inputs = make_inputs(sequence, 11, off_policy=False, with_ref=False)
+    with torch.no_grad():
+        logps, _, _ = sequence._get_per_token_logps_and_entropies(
+            sequence.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            T,
+        )
+    # Slightly off-policy, ratios near 1 so that no sequence is clipped.
+    inputs["old_per_token_logps"] = logps + 0.01 * torch.randn(B, T, generator=torch.Generator().manual_seed(0))
+    assert_same(loss_and_grads(sequence, inputs, 1), loss_and_grads(sequence_token, inputs, 1), atol=1e-6)
+    token_inputs = {**inputs, "advantages": torch.randn(B, T, generator=torch.Generator().manual_seed(1))}
+    _, grads_sequence = loss_and_grads(sequence, token_inputs, 1)
+    _, grads_token = loss_and_grads(sequence_token, token_inputs, 1)
+    assert any(not torch.allclose(grads_sequence[n], grads_token[n], atol=1e-5) for n in grads_sequence)

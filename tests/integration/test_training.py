@@ -153,3 +153,21 @@ def test_cw_weights_do_not_depend_on_batching(tiny_model_path, tmp_path, variant
     torch.testing.assert_close(advantages, expected * batch.advantages, atol=1e-6, rtol=1e-5)
     assert torch.equal(batch.group_ids, torch.arange(16) // 8)
     assert (advantages.abs() > 0).any()
+
+
+def test_rows_keep_their_group_through_shuffling_and_splitting(tiny_model_path, tmp_path):
+    """Every buffered micro-batch row carries its group id and index in the group (TRL shuffles and splits)."""
+    trainer = make_trainer(
+        tiny_model_path, tmp_path, strategies="grpo_sg", per_device_train_batch_size=4, steps_per_generation=4,
+        max_steps=1,
+    )
+    trainer.train()
+    rows = {}
+    for micro_batch in trainer._buffered_inputs:
+        for group, index, prompt in zip(micro_batch["group_ids"], micro_batch["group_index"], micro_batch["prompt_ids"]):
+            rows[(int(group), int(index))] = prompt
+    assert sorted(rows) == [(g, i) for g in range(2) for i in range(8)]  # 16 rows: 2 whole groups of 8
+    for group in range(2):
+        for index in range(8):  # a group shares its prompt
+            assert torch.equal(rows[(group, index)], rows[(group, 0)])
+    assert not torch.equal(rows[(0, 0)], rows[(1, 0)])
