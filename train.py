@@ -1,7 +1,7 @@
 """Train a policy with SharpGRPOTrainer from a YAML config.
 
     python train.py --config configs/demo.yaml [--any_field value ...]
-    accelerate launch --config_file configs/accelerate/zero3.yaml train.py --config configs/kk_qwen2.5_3b.yaml
+    accelerate launch --config_file configs/accelerate/zero3.yaml train.py --config configs/grpo_sg_kk_qwen2.5_3b.yaml
 
 The YAML is flat: every field of `TaskArguments` (below), of `sharpgrpo.SharpGRPOConfig` (all of TRL's
 `GRPOConfig` plus the strategies) and of TRL's `ModelConfig` (model, dtype, LoRA), plus an optional `env:` block

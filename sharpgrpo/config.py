@@ -76,7 +76,11 @@ class SharpGRPOConfig(GRPOConfig):
         default=1.5, metadata={"help": "`random` strategy: upper end of Uniform[low, high] (TR-GRPO Table 4)."}
     )
     random_weight_seed: int | None = field(
-        default=None, metadata={"help": "`random` strategy: generator seed; None uses the training `seed`."}
+        default=None,
+        metadata={
+            "help": "`random` strategy: generator seed (plus the process index, so ranks differ); None uses the "
+            "training `seed`."
+        },
     )
     ar_alpha: float = field(
         default=0.3,

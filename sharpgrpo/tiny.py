@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 TINY_MODEL_NAME = "sharpgrpo-tiny"
-TINY_MODEL_VERSION = 1  # bump when the build changes, so cached builds are not reused
+TINY_MODEL_VERSION = 2  # bump when the build changes, so cached builds are not reused
 # Tags used by the papers' prompts; kept whole so a tiny model can emit them in one step.
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>", "\\boxed{"]
 CHAT_TEMPLATE = (
@@ -95,7 +95,7 @@ def build_tiny_model(
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=4096,  # byte-level K&K prompts are over 1000 tokens
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,

@@ -15,6 +15,9 @@ Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +26,8 @@ from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+
+STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
 # The paper each strategy implements, for the model card (TRL's `_paper` convention).
 STRATEGY_PAPERS: dict[str, dict[str, str]] = {
@@ -70,6 +75,35 @@ STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+def colocated_vllm_seed(seed: int, process_index: int, tensor_parallel_size: int = 1) -> int:
+    """Seed of a process's colocated vLLM sampling: the training seed plus the process's tensor-parallel group.
+
+    The processes of one tensor-parallel group must draw the same samples (TRL seeds them alike); with
+    ``tensor_parallel_size = 1`` this is ``seed + process_index``, TRL's own per-process training seed."""
+    return int(seed) + process_index // max(int(tensor_parallel_size), 1)
+
+
+def server_request_seed(seed: int, generation_index: int) -> int:
+    """Per-request vLLM seed for server mode: distinct for every generation batch and every training seed."""
+    return (int(seed) * 1_000_003 + int(generation_index)) % (2**31 - 1)
+
+
+def refuse_vllm_request_seed(args) -> None:
+    """Refuse a fixed ``seed`` in ``generation_kwargs`` with colocated vLLM.
+
+    Colocated vLLM generates each of the G copies of a prompt as its own request (``n = 1``); a ``seed`` in the
+    sampling parameters gives every request the same generator, so the G completions of a prompt would be identical
+    and every advantage 0. The trainer seeds colocated sampling from ``seed`` instead (``_seed_colocated_vllm``).
+    """
+    if args.use_vllm and args.vllm_mode == "colocate" and "seed" in (args.generation_kwargs or {}):
+        raise ValueError(
+            "`generation_kwargs` sets `seed` with `vllm_mode='colocate'`: vLLM would give each of the "
+            f"num_generations={args.num_generations} copies of a prompt the same random stream, so every group's "
+            "completions would be identical and its advantages 0. Remove it: SharpGRPOTrainer seeds colocated "
+            "sampling from `seed` and the process index."
+        )
+
+
 class SharpGRPOTrainer(GRPOTrainer):
     """[`trl.GRPOTrainer`] whose policy loss is changed by the strategies named in ``args.strategies``.
 
@@ -91,8 +125,11 @@ class SharpGRPOTrainer(GRPOTrainer):
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
         self._last_rewards_per_func: torch.Tensor | None = None
         self._generation_count = 0
+        refuse_vllm_request_seed(args)
         super().__init__(model, reward_funcs, args, **kwargs)
         self._refuse_unsupported()
+        if self.use_vllm and self.vllm_mode == "colocate":
+            self._seed_colocated_vllm()
         first_paper = next((STRATEGY_PAPERS[n] for n in args.strategies if n in STRATEGY_PAPERS), None)
         if first_paper is not None:
             self._paper = first_paper
@@ -105,6 +142,37 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
 
     # ------------------------------------------------------------------------------------------------------------
+    # vLLM sampling seeds (see `refuse_vllm_request_seed` for why TRL's defaults ignore the training seed)
+    # ------------------------------------------------------------------------------------------------------------
+    def _seed_colocated_vllm(self) -> None:
+        """Reseed this process's random streams from ``seed`` after TRL started the colocated vLLM engine.
+
+        The engine runs inside the training process and samples every request that carries no seed of its own from
+        the global torch/numpy/random streams, which its start-up reseeded with ``process_index // tp`` (TRL's engine
+        seed): without this, runs that differ only in ``seed`` sample the same completions.
+        """
+        from accelerate.utils import set_seed
+
+        set_seed(
+            colocated_vllm_seed(
+                self.args.seed, self.accelerator.process_index, self.args.vllm_tensor_parallel_size
+            )
+        )
+
+    def _server_generation_kwargs(self) -> dict[str, Any]:
+        """The vLLM ``generation_kwargs`` of the next server request: the user's, plus a ``seed`` derived from
+        ``seed`` and the generation index unless the user gave one.
+
+        The server samples the ``num_generations`` completions of a prompt as one request with ``n = G``, for which
+        vLLM derives a distinct seed per completion (seed + index), so the group stays diverse; a new seed per
+        generation batch keeps batches independent, and the training seed makes runs with different seeds differ
+        (the server's own engine seed is fixed when it starts)."""
+        kwargs = dict(self.args.generation_kwargs or {})
+        if "seed" not in kwargs:
+            kwargs["seed"] = server_request_seed(self.args.seed, self._generation_count)
+        return kwargs
+
+    # ------------------------------------------------------------------------------------------------------------
     # Generation: group tags and advantage strategies
     # ------------------------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -113,6 +181,8 @@ class SharpGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.use_vllm and self.vllm_mode == "server":
+            self.vllm_generation.generation_kwargs = self._server_generation_kwargs()
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
@@ -140,8 +210,8 @@ class SharpGRPOTrainer(GRPOTrainer):
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         local_rows, local_length = completion_ids.shape
         old_logps = output.get("old_per_token_logps")
-        if old_logps is None:
-            old_logps = self._sampling_logps(output)
+        if old_logps is None and any(s.needs_old_logps for s in self.advantage_strategies):
+            old_logps = self._sampling_logps(output)  # TRL skips them on-policy
         hidden_states = None
         if any(s.needs_hidden_states for s in self.advantage_strategies):
             hidden_states = self._completion_hidden_states(output)
@@ -160,27 +230,27 @@ class SharpGRPOTrainer(GRPOTrainer):
         if advantages is None:
             raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
         mask = gather_rows(completion_mask)
-        unembedding = self._unembedding() if hidden_states is not None else (None, None)
-        batch = GenerationBatch(
-            old_logps=gather_rows(old_logps.float()),
-            completion_mask=mask,
-            completion_ids=gather_rows(completion_ids),
-            advantages=advantages.float().unsqueeze(1).expand_as(mask).clone(),
-            rewards=rewards.to(mask.device).float(),
-            group_ids=gather_rows(output["group_ids"]),
-            num_generations=num_generations,
-            hidden_states=None if hidden_states is None else gather_rows(hidden_states),
-            unembedding_weight=unembedding[0],
-            unembedding_bias=unembedding[1],
-            temperature=self.temperature,
-        )
-        token_advantages = batch.advantages
-        for strategy in self.advantage_strategies:
-            token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
-            for name, value in metrics.items():
-                self._metrics[mode][name].append(float(value))
-            if self.args.thr_debug_dump and getattr(strategy, "last_scores", None) is not None:
-                self._dump_token_scores(strategy, batch, token_advantages)
+        with self._full_unembedding(hidden_states is not None) as unembedding:
+            batch = GenerationBatch(
+                old_logps=None if old_logps is None else gather_rows(old_logps.float()),
+                completion_mask=mask,
+                completion_ids=gather_rows(completion_ids),
+                advantages=advantages.float().unsqueeze(1).expand_as(mask).clone(),
+                rewards=rewards.to(mask.device).float(),
+                group_ids=gather_rows(output["group_ids"]),
+                num_generations=num_generations,
+                hidden_states=None if hidden_states is None else gather_rows(hidden_states),
+                unembedding_weight=unembedding[0],
+                unembedding_bias=unembedding[1],
+                temperature=self.temperature,
+            )
+            token_advantages = batch.advantages
+            for strategy in self.advantage_strategies:
+                token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
+                for name, value in metrics.items():
+                    self._metrics[mode][name].append(float(value))
+                if self.args.thr_debug_dump and getattr(strategy, "last_scores", None) is not None:
+                    self._dump_token_scores(strategy, batch, token_advantages)
         start = self.accelerator.process_index * local_rows
         return token_advantages[start : start + local_rows, :local_length].contiguous()
 
@@ -189,7 +259,6 @@ class SharpGRPOTrainer(GRPOTrainer):
         if not self.accelerator.is_main_process:
             return
         import json
-        import os
 
         folder = os.path.join(self.args.output_dir, "thr_scores")
         os.makedirs(folder, exist_ok=True)
@@ -246,9 +315,26 @@ class SharpGRPOTrainer(GRPOTrainer):
             chunks.append(hidden[:, -length - 1 : -1])
         return torch.cat(chunks, dim=0)
 
-    def _unembedding(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @contextlib.contextmanager
+    def _full_unembedding(self, needed: bool = True):
+        """Yield the LM head's (weight (V, H), bias (V,) or None), whole for the duration of the block.
+
+        Under DeepSpeed ZeRO-3 a parameter outside its module's forward is an empty placeholder (shape (0,)), so
+        the head is gathered (read-only) on every process; all processes must enter the block together.
+        """
+        if not needed:
+            yield None, None
+            return
         head = self._causal_lm().get_output_embeddings()
-        return head.weight, getattr(head, "bias", None)
+        weight, bias = head.weight, getattr(head, "bias", None)
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p for p in (weight, bias) if p is not None], modifier_rank=None):
+                yield weight, bias
+        else:
+            yield weight, bias
 
     # ------------------------------------------------------------------------------------------------------------
     # Loss
@@ -489,34 +575,61 @@ class SharpGRPOTrainer(GRPOTrainer):
             if type(strategy).__name__ in state:
                 strategy.load_state_dict(state[type(strategy).__name__])
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        import os
+    def _strategy_state_path(self, checkpoint: str) -> str:
+        """``sharpgrpo_strategy_state.pt``, or one ``sharpgrpo_strategy_state_{process}.pt`` per process (like
+        transformers' ``rng_state_{process}.pth``): each process advances its own state, e.g. the `random` generator
+        draws for that process's micro-batches only."""
+        if self.args.world_size <= 1:
+            return os.path.join(checkpoint, STRATEGY_STATE_NAME)
+        return os.path.join(checkpoint, f"sharpgrpo_strategy_state_{self.args.process_index}.pt")
 
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        if self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            torch.save(self.strategy_state(), os.path.join(folder, "sharpgrpo_strategy_state.pt"))
+    def _save_rng_state(self, output_dir):
+        # Saved with the random states: by every process, and before `hub_strategy` "checkpoint"/"all_checkpoints"
+        # starts uploading the checkpoint folder (writing it after `_save_checkpoint` would race that upload).
+        super()._save_rng_state(output_dir)
+        state = {"strategies": self.strategy_state(), "generation_count": self._generation_count}
+        torch.save(state, self._strategy_state_path(output_dir))
 
     def _load_rng_state(self, checkpoint):
         super()._load_rng_state(checkpoint)
-        import os
-
-        if checkpoint is not None:
-            path = os.path.join(checkpoint, "sharpgrpo_strategy_state.pt")
-            if os.path.exists(path):
-                self.load_strategy_state(torch.load(path, weights_only=False))
+        if checkpoint is None:
+            return
+        path = self._strategy_state_path(checkpoint)
+        if not os.path.exists(path):  # resumed with another number of processes: reuse process 0's state
+            candidates = [os.path.join(checkpoint, n) for n in (STRATEGY_STATE_NAME, "sharpgrpo_strategy_state_0.pt")]
+            found = [c for c in candidates if os.path.exists(c)]
+            if not found:
+                return
+            warnings.warn(
+                f"{os.path.basename(path)} is not in {checkpoint}; loading {os.path.basename(found[0])} instead "
+                "(the checkpoint was saved by another number of processes): strategy state such as the `random` "
+                "weight generator will not continue exactly.",
+                stacklevel=2,
+            )
+            path = found[0]
+        state = torch.load(path, weights_only=False)
+        if "strategies" in state:
+            self._generation_count = int(state.get("generation_count", self._generation_count))
+            state = state["strategies"]
+        self.load_strategy_state(state)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card, plus a section naming the strategies, their parameters and papers."""
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        """TRL's model card, plus a section naming the strategies, their parameters and papers.
+
+        Before the Hub repository exists (``push_to_hub=False``, or offline) TRL's card says "None" for the model
+        name and repository; here they default to ``hub_model_id`` (else the output folder's name), as TRL's own
+        checkpoint cards do."""
+        if model_name is None:
+            model_name = self.args.hub_model_id or os.path.basename(os.path.normpath(self.args.output_dir))
+            model_name = model_name.split("/")[-1]
+        created_repo_id = self.hub_model_id
+        self.hub_model_id = created_repo_id or self.args.hub_model_id  # only for the card: push_to_hub still creates
+        try:
+            super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        finally:
+            self.hub_model_id = created_repo_id
         if not self.is_world_process_zero():
             return
-        import os
-
         path = os.path.join(self.args.output_dir, "README.md")
         with open(path, "a", encoding="utf-8") as card:
             card.write("\n" + self.strategy_card_section())

@@ -83,12 +83,14 @@ class EqualWeights(TokenWeightStrategy):
 class RandomWeights(TokenWeightStrategy):
     """TR-GRPO 'Random' ablation: w ~ Uniform[random_weight_low, random_weight_high] per token, seeded.
 
-    The generator lives on the CPU (the same draws on any device) and is part of the checkpointed state.
+    The generator lives on the CPU (the same draws on any device) and is part of the checkpointed state. Each
+    process seeds it with seed + process index, so data-parallel ranks draw different weights.
     """
 
     def __init__(self, args):
         super().__init__(args)
         seed = args.random_weight_seed if args.random_weight_seed is not None else args.seed
+        seed += getattr(args, "process_index", 0)
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
 
     def bounds(self) -> tuple[float, float]:
