@@ -171,3 +171,22 @@ def test_rows_keep_their_group_through_shuffling_and_splitting(tiny_model_path, 
         for index in range(8):  # a group shares its prompt
             assert torch.equal(rows[(group, index)], rows[(group, 0)])
     assert not torch.equal(rows[(0, 0)], rows[(1, 0)])
+
+
+def test_sharpness_probe_logs_and_leaves_training_unchanged(tiny_model_path, tmp_path):
+    """The probe runs on the current batch every N steps, logs sharpness/*, and restores parameters and random
+    streams exactly: the run's losses are those of the same run without the probe."""
+    plain = make_trainer(tiny_model_path, tmp_path / "plain", strategies="grpo_sg", max_steps=3)
+    plain_logs = train_and_check(plain)  # each trainer is built right before it trains, as TRL seeds at build time
+    probed = make_trainer(
+        tiny_model_path, tmp_path / "probed", strategies="grpo_sg", max_steps=3, sharpness_probe_steps=2
+    )
+    probed_logs = train_and_check(probed)
+    assert [e["loss"] for e in probed_logs] == pytest.approx([e["loss"] for e in plain_logs], abs=1e-7)
+    probe_steps = [e["step"] for e in probed_logs if "sharpness/ascent_loss_increase" in e]
+    assert probe_steps == [1, 3]  # global steps 0 and 2, logged at steps 1 and 3
+    for entry in probed_logs:
+        if "sharpness/rho" in entry:
+            assert entry["sharpness/rho"] == 0.05 and entry["sharpness/grad_norm"] > 0
+    for name, parameter in plain.model.named_parameters():
+        torch.testing.assert_close(parameter, dict(probed.model.named_parameters())[name], atol=1e-6, rtol=0)
