@@ -23,19 +23,29 @@ trainer takes every position equally often), so that drifts of the machine load 
    of the Trainer's inner loop, and no repeated ``train()`` calls with their per-call setup and fresh optimizer
    state), at the cost of one idle thread per trainer.
 
-Why three: on CPU the step is dominated by generation (token by token), which hides the loss overhead; ``loss`` is
-the part the weight strategies change, ``gen`` the part the advantage strategies change.
+Why three: the full step mixes generation (token by token), scoring, the loss and the optimizer, and a small
+overhead in one part drowns in the others and in the noise; ``loss`` isolates the part the token-weight strategies
+change, ``gen`` the part the advantage strategies change.
 
 Workload: the demo task's prompts, a binary reward (1 if at least ``--reward_threshold`` of the first letters are
-allowed; binary so that ``passk_mixed`` applies, and near the warm-started model's median so that most groups are
-mixed and THR does its full work), and, by default, completions of exactly ``--max_completion_length`` tokens
+allowed; binary so that ``passk_mixed`` applies; with the defaults about a fifth of the completions score 1 and about
+three quarters of the groups have mixed rewards, the groups THR and pass@k work on), and, by default, completions of exactly ``--max_completion_length`` tokens
 (``min_new_tokens``; EOS is suppressed until then) so that every trainer does the same work in every step whatever
 its policy has learnt. The generation batch is ``--batch_size`` completions in groups of ``--num_generations``.
+Defaults: a Qwen2 of hidden size 256 with 4 layers (3.3M parameters, a vocabulary of 264 byte-level tokens), 32
+completions of 16 tokens after prompts of 20, G = 8, loss ``dapo``, beta 0, one iteration per generation
+(on-policy: TRL skips the old log-probabilities), fp32. On one CPU thread a step then takes about 0.9 s, of which
+about 0.25 s generation and scoring and 0.4 s loss forward + backward, and the whole run 5 to 8 minutes (plus about
+2 minutes to build the model the first time; it is kept in ``$SHARPGRPO_CACHE``, one folder per size).
 
 Clocks: on CPU with one intra-op thread (``--threads 1``, the default) the primary clock is the process CPU time,
 which equals the wall time on an idle machine and is much less disturbed by other processes on a shared machine;
 otherwise (CUDA, or several threads) it is the wall time (CUDA synchronised at both ends). Both clocks are
 recorded; the table shows the primary one and the wall-clock ratio.
+
+Allocation: on glibc the script first sets one malloc arena for all threads and a fixed mmap threshold (see
+:func:`uniform_malloc`); otherwise the worker threads' own arenas made the page-fault time differ persistently
+between identical trainers.
 
 Statistics per trainer and phase: the median time over the timed rounds; the "paired ratio" to plain TRL, the
 median over rounds of ours / TRL in the same round (this cancels load drifts slower than a round), with a 95%
@@ -43,13 +53,15 @@ bootstrap interval (rounds resampled with replacement); the verdict "<= 1%?" is 
 at most 1.01, "no" when it is entirely above, "unclear" otherwise. Also shown: the ratio of the medians (with its
 paired bootstrap interval), the ratio of the minima and the ratio of the wall-time medians. A second, identical
 plain ``GRPOTrainer`` (``trl#2``, the A/A control; ``--no_control`` leaves it out) is timed like the others: its
-ratio shows how far from 1 the benchmark itself reads on the machine of the run.
+ratio shows how far from 1 the benchmark itself reads on the machine of the run. On a shared virtual machine single
+timings of identical work can scatter by +-20%, so an interval of +-1% needs far more rounds than the defaults:
+the defaults resolve overheads of a few percent.
 
 Examples (from the repository root):
-    python benchmarks/step_bench.py                                     # CPU, a few minutes
+    python benchmarks/step_bench.py                                     # CPU, 5 to 8 minutes
     python benchmarks/step_bench.py --strategies equal grpo_sg --repeats 40
-    python benchmarks/step_bench.py --device cuda --dtype bfloat16 --hidden_size 1024 --num_layers 8 \\
-        --batch_size 64 --max_completion_length 128 --threads 0
+    python benchmarks/step_bench.py --device cuda --dtype bfloat16 --hidden_size 512 --num_layers 8 \\
+        --batch_size 64 --max_completion_length 128 --threads 0     # the warm start runs once, on the CPU
 """
 
 from __future__ import annotations
@@ -70,7 +82,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch
+
+def uniform_malloc() -> bool:
+    """glibc only, before torch starts any thread: one malloc arena for all threads, a fixed mmap threshold and no
+    trimming, so that every trainer's thread allocates alike and freed tensors are reused without page faults.
+
+    Without it each worker thread gets its own arena, and the system time of page faults (up to ~5% of a CPU step)
+    differs from trainer to trainer, persistently: the A/A control read +4% to +6% on the full step."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return all(
+            libc.mallopt(option, value) == 1
+            for option, value in ((-8, 1), (-3, 32 << 20), (-1, 1 << 30))  # M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_
+        )
+    except (OSError, AttributeError):
+        return False
+
+
+UNIFORM_MALLOC = uniform_malloc()
+
+import torch  # after uniform_malloc()
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -480,7 +513,8 @@ def main(argv=None):
               f"params), batch {args.batch_size} completions x {args.max_completion_length} tokens "
               f"({'fixed' if args.fixed_length else 'up to'}), G = {args.num_generations}, loss {args.loss_type}, "
               f"beta {args.beta}, num_iterations {args.num_iterations}; trainers: {', '.join(trainers)}")
-        print(f"load average before: {load_average()}", flush=True)
+        print(f"uniform malloc (one arena, fixed mmap threshold): {UNIFORM_MALLOC}; "
+              f"load average before: {load_average()}", flush=True)
 
         results = {}
         summary = {}
@@ -496,15 +530,14 @@ def main(argv=None):
         if "step" in args.phases:
             results["step"] = time_training_steps(trainers, args)
             print(f"load average after step: {load_average()}", flush=True)
-        mixed = {}
-        for name in ("thr", "cw_grpo"):
-            if name in trainers:
-                key = "thr/frac_mixed_groups" if name == "thr" else "cw/frac_scopes_degenerate"
-                values = trainers[name]._metrics["train"].get(key, [])
-                if values:
-                    mixed[key] = sum(values) / len(values)
-        if mixed:
-            print("during the timed steps: " + ", ".join(f"{k} = {v:.2f}" for k, v in mixed.items()))
+            mixed = {}  # train()'s final log averages the metrics over all its steps
+            for name, trainer in trainers.items():
+                logs = [entry for entry in trainer.state.log_history if "frac_reward_zero_std" in entry]
+                if logs:
+                    mixed[name] = 1.0 - float(logs[-1]["frac_reward_zero_std"])
+            if mixed:
+                print("share of groups with mixed rewards during the steps: "
+                      + ", ".join(f"{name} {value:.2f}" for name, value in mixed.items()))
 
     tables = report(results, primary, args.clock, args)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
