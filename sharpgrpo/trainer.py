@@ -104,6 +104,13 @@ def refuse_vllm_request_seed(args) -> None:
         )
 
 
+def prompt_completion(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids and attention mask of the prompts followed by their completions (TRL's batch layout)."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    return input_ids, attention_mask
+
+
 class SharpGRPOTrainer(GRPOTrainer):
     """[`trl.GRPOTrainer`] whose policy loss is changed by the strategies named in ``args.strategies``.
 
@@ -263,25 +270,24 @@ class SharpGRPOTrainer(GRPOTrainer):
         folder = os.path.join(self.args.output_dir, "thr_scores")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"generation_{self._generation_count:06d}.jsonl")
-        scores = strategy.last_scores.float().cpu()
+        scores, advantages = strategy.last_scores.float().cpu(), token_advantages.float().cpu()
+        masks, completion_ids = batch.completion_mask.bool().cpu(), batch.completion_ids.cpu()
+        group_ids, rewards = batch.group_ids.tolist(), batch.rewards.tolist()
         with open(path, "w", encoding="utf-8") as file:
-            for row in range(batch.completion_ids.size(0)):
-                valid = batch.completion_mask[row].bool().cpu()
-                ids = batch.completion_ids[row].cpu()[valid].tolist()
+            for row, valid in enumerate(masks):
                 record = {
                     "global_step": self.state.global_step,
-                    "group_id": int(batch.group_ids[row]),
-                    "reward": float(batch.rewards[row]),
-                    "tokens": [self.processing_class.decode([i]) for i in ids],
+                    "group_id": group_ids[row],
+                    "reward": rewards[row],
+                    "tokens": [self.processing_class.decode([i]) for i in completion_ids[row][valid].tolist()],
                     "scores": scores[row][valid].tolist(),
-                    "advantages": token_advantages[row].float().cpu()[valid].tolist(),
+                    "advantages": advantages[row][valid].tolist(),
                 }
                 file.write(json.dumps(record) + "\n")
 
     def _sampling_logps(self, output: dict[str, Any]) -> torch.Tensor:
         """Log-probabilities of the completion under the current (= sampling) policy; TRL skips them on-policy."""
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        input_ids, attention_mask = prompt_completion(output)
         logps, _, _ = self._get_per_token_logps_and_entropies(
             self.model,
             input_ids,
@@ -303,8 +309,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         """
         causal_lm = self._causal_lm()
         backbone = getattr(causal_lm, causal_lm.base_model_prefix)
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        input_ids, attention_mask = prompt_completion(output)
         length = output["completion_ids"].size(1)
         chunks = []
         step = self.args.per_device_train_batch_size
@@ -375,10 +380,8 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         """TRL 1.16 ``GRPOTrainer._compute_loss`` for dapo/grpo/bnpo/dr_grpo, with token weights (METHODS §1)."""
         args = self.args
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        input_ids, attention_mask = prompt_completion(inputs)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         forward_keys = (
             "pixel_values",
@@ -549,12 +552,8 @@ class SharpGRPOTrainer(GRPOTrainer):
         metrics["token_weight/mean"].append(mean.item())
         metrics["token_weight/std"].append((totals[1] / n - mean * mean).clamp(min=0.0).sqrt().item())
         inf = torch.tensor(float("inf"), device=w.device)
-        local_extremes = torch.stack(
-            [
-                torch.where(valid, w, inf).min() if valid.any() else inf,
-                -(torch.where(valid, w, -inf).max() if valid.any() else -inf),
-            ]
-        )
+        # With no valid token the extremes are +inf and -inf, which the min over processes ignores.
+        local_extremes = torch.stack([torch.where(valid, w, inf).min(), -torch.where(valid, w, -inf).max()])
         extremes = self.accelerator.gather(local_extremes.unsqueeze(0)).min(dim=0).values
         metrics["token_weight/min"].append(extremes[0].item())
         metrics["token_weight/max"].append(-extremes[1].item())
