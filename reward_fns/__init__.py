@@ -12,7 +12,36 @@ from __future__ import annotations
 from sharpgrpo.registry import Registry
 
 REWARD_FUNCTIONS = Registry("reward function")
-register_reward = REWARD_FUNCTIONS.register
+
+
+def register_reward(name: str, *, columns: tuple[str, ...] = (), answer_check=None):
+    """Decorator: register a reward function by ``name`` and attach what trainer code may ask of it.
+
+    Args:
+        columns: the dataset columns the function reads from its keyword arguments (checked against a dataset
+            before the model loads); read back with :func:`reward_columns`.
+        answer_check: the task's answer check, a callable with the reward's signature returning one
+            ``bool | None`` per completion (None: the row is not this task's), independent of format terms;
+            read back with :func:`answer_check`. It defines "correct" for THR's positive set and pass@k.
+    """
+
+    def decorator(fn):
+        fn.reward_columns = tuple(columns)
+        fn.answer_check = answer_check
+        return REWARD_FUNCTIONS.register(name)(fn)
+
+    return decorator
+
+
+def reward_columns(fn) -> tuple[str, ...] | None:
+    """The dataset columns a reward function declared (``register_reward(columns=...)``), or None if undeclared."""
+    columns = getattr(fn, "reward_columns", None)
+    return None if columns is None else tuple(columns)
+
+
+def answer_check(fn):
+    """The answer check a reward function declared (``register_reward(answer_check=...)``), or None."""
+    return getattr(fn, "answer_check", None)
 
 
 def get_reward_function(name_or_path: str):
@@ -28,6 +57,8 @@ from reward_fns.qa import qa_em_reward  # noqa: E402
 
 __all__ = [
     "REWARD_FUNCTIONS",
+    "answer_check",
+    "reward_columns",
     "get_reward_function",
     "kk_correct",
     "kk_reward",

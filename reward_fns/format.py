@@ -23,7 +23,7 @@ def has_think_format(text: str) -> bool:
     return THINK_FORMAT.match(text) is not None
 
 
-@register_reward("think_format")
+@register_reward("think_format", columns=())
 def think_format_reward(prompts, completions, **kwargs) -> list[float]:
     """1.0 for a properly opened and closed ``<think>`` block at the start of the response, else 0.0."""
     completions = as_list(completions)

@@ -87,7 +87,7 @@ def kk_score(text: str, solution_text_format: str) -> float:
     return format_score + (ANSWER_CORRECT if predicted == gold else ANSWER_WRONG)
 
 
-@register_reward("kk")
+@register_reward("kk", columns=("solution_text_format",))
 def kk_reward(prompts, completions, solution_text_format, **kwargs) -> list[float | None]:
     """Logic-RL K&K training reward for TRL: one of 3, -0.5, -1, -3 per completion.
 

@@ -291,7 +291,7 @@ def math_correct(completion: Any, answer: Any, verifier: MathVerifier | None = N
     return (verifier or DEFAULT_VERIFIER).equivalent(prediction, [gold_to_latex(gold) for gold in golds])
 
 
-@register_reward("math")
+@register_reward("math", columns=("answer",))
 def math_reward(prompts, completions, answer, **kwargs) -> list[float | None]:
     """Binary math reward for TRL: 1.0 if the last ``\\boxed{}`` is math-verify-equivalent to ``answer``, else 0.0.
 

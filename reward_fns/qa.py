@@ -56,7 +56,7 @@ def exact_match(prediction: str, golden_answers: Any) -> bool:
     return any(normalize_answer(gold) == normalized for gold in gold_answers(golden_answers))
 
 
-@register_reward("qa_em")
+@register_reward("qa_em", columns=("golden_answers",))
 def qa_em_reward(prompts, completions, golden_answers, **kwargs) -> list[float | None]:
     """+1 / -1 exact match of the last ``<answer>`` block against ``golden_answers`` (a string or a list per row).
 

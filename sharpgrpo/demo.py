@@ -63,10 +63,10 @@ def warm_start_texts(seed: int = 0, count: int = 2000, follow_prompt: float = WA
 
 def register_demo() -> None:
     """Register the demo task as dataset ``demo`` and reward function ``allowed_letters`` (idempotent)."""
-    from reward_fns import REWARD_FUNCTIONS
+    from reward_fns import REWARD_FUNCTIONS, register_reward
     from sharpgrpo.data import DATASETS
 
     if "demo" not in DATASETS:
         DATASETS.register("demo")(demo_dataset)
     if "allowed_letters" not in REWARD_FUNCTIONS:
-        REWARD_FUNCTIONS.register("allowed_letters")(allowed_letters_reward)
+        register_reward("allowed_letters", columns=("allowed",))(allowed_letters_reward)
