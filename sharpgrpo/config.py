@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.strategies.covariance import CW_SCOPES
 from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
 
 WEIGHT_PLACEMENTS = ("ratio", "loss")
 KL_WEIGHTINGS = ("loss", "inside", "none")
-SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+SUPPORTED_LOSS_TYPES = LOSS_TYPES  # all of TRL 1.16's
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 
 
@@ -216,10 +217,13 @@ class SharpGRPOConfig(GRPOConfig):
             raise ValueError(f"`thr_chunk_size` must be >= 1; got {self.thr_chunk_size}.")
         if "passk_mixed" in self.strategies and not 1 <= self.passk_k <= self.num_generations:
             raise ValueError(f"`passk_k` must lie in [1, num_generations={self.num_generations}]; got {self.passk_k}.")
-        if self.entropy_coef != 0.0 or getattr(self, "use_adaptive_entropy", False):
+        ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
+        if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
             raise ValueError(
-                "SharpGRPOTrainer does not implement TRL's entropy bonus (`entropy_coef`, `use_adaptive_entropy`); "
-                "set entropy_coef=0 and use_adaptive_entropy=False."
+                f"`weight_placement='ratio'` is not defined for `loss_type={self.loss_type!r}`: its surrogate weights "
+                "whole sequences by a function of the sequence's importance ratio, with no per-token ratio for the "
+                "token weight to scale. Set `weight_placement='loss'` (the weight multiplies each token's policy "
+                "term) or choose another `loss_type`."
             )
         if "grpo_sg" in self.strategies or "reverse" in self.strategies:
             self._warn_if_flat_weights()
