@@ -58,7 +58,8 @@ def policy_surrogate(
     if loss_type == "cispo":
         return -torch.clamp(ratio, max=epsilon_high).detach() * advantages * per_token_logps
     if loss_type == "sapo":
-        temperatures = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+        positive, negative = advantages.new_tensor(sapo_temperature_pos), advantages.new_tensor(sapo_temperature_neg)
+        temperatures = torch.where(advantages > 0, positive, negative)
         return -torch.sigmoid(temperatures * (ratio - 1)) * 4 / temperatures * advantages
     if loss_type == "vespo":
         if phi_seq is None:
