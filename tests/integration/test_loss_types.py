@@ -130,3 +130,14 @@ def test_sharpness_probe_leaves_adaptive_entropy_control_alone(tiny_model_path, 
         assert [e[key] for e in probed_logs] == pytest.approx([e[key] for e in plain_logs], abs=1e-7), key
     assert probed.entropy_coef == plain.entropy_coef == pytest.approx(0.01 + 2 * 0.005)  # two steps below target
     assert probed._last_world_entropy == pytest.approx(plain._last_world_entropy, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "dapo"])
+def test_parent_warns_on_sequence_level_with_token_summed_loss(tiny_model_path, tmp_path, caplog, loss_type):
+    """TRL's own check (its test_warning_raised_sequence_level_with_token_summed_loss) runs for SharpGRPOTrainer."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_trainer"):
+        make_trainer(tiny_model_path, tmp_path, strategies="equal", weight_placement="loss", loss_type=loss_type,
+                     importance_sampling_level="sequence")
+    assert any(f"the `'{loss_type}'` loss sums per-token" in record.getMessage() for record in caplog.records)
