@@ -101,7 +101,7 @@ def test_theorem_3_5_mechanism_weight_times_one_minus_p_varies_less():
     (most near 1, a long low tail; logit-normal), a uniform and a U-shaped spread, with the default weights."""
     generator = torch.Generator().manual_seed(0)
     spreads = {
-        "logit-normal(2, 2.5)": torch.sigmoid(2.0 + 2.5 * torch.randn(200_000, generator=generator, dtype=torch.float64)),
+        "logit-normal(2, 2.5)": torch.sigmoid(2.0 + 2.5 * torch.randn(200_000, generator=generator).double()),
         "uniform": torch.rand(200_000, generator=generator, dtype=torch.float64),
         "beta(0.5, 0.5)": torch.distributions.Beta(0.5, 0.5).sample((200_000,)).double(),
     }
