@@ -121,7 +121,12 @@ class SharpGRPOConfig(GRPOConfig):
         },
     )
     thr_beta: float = field(
-        default=1.0, metadata={"help": "`thr`/`nthr`: beta scaling the threshold tau (Deng et al. 2025 Eq. 8)."}
+        default=1.0,
+        metadata={
+            "help": "`thr`/`nthr`: beta scaling the threshold tau. `thr` (METHODS §3, revised; THR App. E.5): tau = "
+            "beta * min over correct responses of the mean THR score of the response's tokens, on THR's own scale "
+            "(logged: thr/tau, thr/frac_groups_tau_negative). `nthr`: Deng et al. 2025 Eq. 8, unnormalised."
+        },
     )
     thr_keep_below_threshold: bool = field(
         default=False,
