@@ -123,7 +123,12 @@ class SharpGRPOConfig(GRPOConfig):
         },
     )
     thr_beta: float = field(
-        default=1.0, metadata={"help": "`thr`/`nthr`: beta scaling the threshold tau (Deng et al. 2025 Eq. 8)."}
+        default=1.0,
+        metadata={
+            "help": "`thr`/`nthr`: beta scaling the threshold tau. `thr` (METHODS §3, revised; THR App. E.5): tau = "
+            "beta * min over correct responses of the mean THR score of the response's tokens, on THR's own scale "
+            "(logged: thr/tau, thr/frac_groups_tau_negative). `nthr`: Deng et al. 2025 Eq. 8, unnormalised."
+        },
     )
     thr_keep_below_threshold: bool = field(
         default=False,
@@ -256,11 +261,12 @@ class SharpGRPOConfig(GRPOConfig):
         eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
         params = (self.sg_alpha, self.sg_mu, self.sg_tau, self.sg_lower, self.sg_upper)
         if "grpo_sg" in self.strategies or "reverse" in self.strategies:
-            shaping = reverse_probability_shaping_weights if "reverse" in self.strategies else probability_shaping_weights
+            reverse = "reverse" in self.strategies
+            shaping = reverse_probability_shaping_weights if reverse else probability_shaping_weights
             found = ratio_silenced_range(lambda p: shaping(p, *params), eps_high)
             if found is None:
-                which = "no token probability p in [0, 1] (w never exceeds 1 + epsilon_high)"
-            elif found == (0.0, 1.0):
+                return  # w never exceeds 1 + epsilon_high: nothing is silenced
+            if found == (0.0, 1.0):
                 which = "every token probability p in [0, 1]"
             elif found[1] == 1.0:
                 which = f"every token probability p > {found[0]:.3f}"
@@ -270,12 +276,16 @@ class SharpGRPOConfig(GRPOConfig):
             low, high = self.random_weight_low, self.random_weight_high
             span = max(high - low, 1e-12)
             fraction = min(max((high - (1 + eps_high)) / span, 0.0), 1.0)
+            if fraction == 0.0:
+                return
             which = f"a random {fraction:.1%} of tokens (w ~ U[{low}, {high}] > 1 + epsilon_high)"
+        elif "equal" in self.strategies:
+            return  # w = 1
         else:
             which = "every token whose weight exceeds 1 + epsilon_high"
         warnings.warn(
-            f"weight_placement='ratio' (GRPO-SG Eq. 13 as printed): on-policy (r = 1) a positive-advantage token with "
-            f"w * r > 1 + epsilon_high = {1 + eps_high:g} lands in the clipped branch and gets no gradient: here "
+            f"weight_placement='ratio' (GRPO-SG Eq. 13 as printed): on-policy (r = 1) a positive-advantage token "
+            f"with w * r > 1 + epsilon_high = {1 + eps_high:g} lands in the clipped branch and gets no gradient: here "
             f"{which}. Confident tokens of correct answers are then only pushed down. `weight_placement: loss` (the "
             "default) keeps GRPO's gradient times w (METHODS §1).",
             UserWarning,

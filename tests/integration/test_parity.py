@@ -305,7 +305,8 @@ def test_grpo_sg_loss_matches_float64_reference(tiny_model_path, tmp_path, place
 def test_ratio_placement_clips_heavy_positive_tokens_on_policy(tiny_model_path, tmp_path):
     """METHODS §1: on-policy, w > 1 + eps_high with A > 0 lands in the clipped branch: no gradient at all."""
     options = dict(strategies="grpo_sg", sg_lower=1.4, sg_upper=1.4, beta=0.0)  # w = 1.4 everywhere
-    ratio = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "r", **options)
+    ratio = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "r", weight_placement="ratio",
+                  **options)
     loss_placed = build(
         SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "l", weight_placement="loss", **options
     )
