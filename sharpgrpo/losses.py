@@ -66,3 +66,27 @@ def policy_surrogate(
             raise ValueError("`loss_type='vespo'` needs the gamma weights `phi_seq`.")
         return -phi_seq * advantages * per_token_logps
     raise ValueError(f"Unknown loss type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}.")
+
+
+def weighted_policy_surrogate(
+    loss_type: str,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    weights: torch.Tensor | None,
+    placement: str,
+    **surrogate_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy_surrogate`` with a token weight placed as METHODS §1 says ("Where w enters the loss").
+
+    ``loss`` (default): ``w * surrogate(r)``. ``ratio`` (GRPO-SG Eq. 13 as printed): ``surrogate(w * r)``.
+    ``weights=None`` is TRL's unweighted surrogate. Returns (per-token loss, the ratio the surrogate saw: w*r under
+    ``ratio``), from which the trainer counts the tokens whose gradient the clip switched off.
+    """
+    if placement not in ("ratio", "loss"):
+        raise ValueError(f"placement must be 'ratio' or 'loss', got {placement!r}")
+    surrogate_ratio = ratio if weights is None or placement == "loss" else ratio * weights
+    per_token_loss = policy_surrogate(loss_type, surrogate_ratio, advantages, per_token_logps, **surrogate_kwargs)
+    if weights is not None and placement == "loss":
+        per_token_loss = weights * per_token_loss
+    return per_token_loss, surrogate_ratio

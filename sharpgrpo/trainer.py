@@ -27,7 +27,7 @@ from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.correctness import answer_verdicts, correct_completions
-from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, policy_surrogate
+from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
@@ -482,7 +482,6 @@ class SharpGRPOTrainer(GRPOTrainer):
             if args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * coef_1
 
-        surrogate_ratio = coef_1 if weights is None or args.weight_placement == "loss" else coef_1 * weights
         phi_seq = None
         if self.loss_type == "vespo":  # TRL's gamma weight of the sequence ratio (the parent's own method)
             phi_seq = self.get_gamma_weights(
@@ -495,11 +494,13 @@ class SharpGRPOTrainer(GRPOTrainer):
                 k_neg=args.vespo_k_neg,
                 lambda_neg=args.vespo_lambda_neg,
             )
-        per_token_loss = policy_surrogate(
+        per_token_loss, surrogate_ratio = weighted_policy_surrogate(
             self.loss_type,
-            surrogate_ratio,
+            coef_1,
             advantages,
             per_token_logps,
+            weights,
+            args.weight_placement,
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
             delta=args.delta,
@@ -507,8 +508,6 @@ class SharpGRPOTrainer(GRPOTrainer):
             sapo_temperature_neg=args.sapo_temperature_neg,
             phi_seq=phi_seq,
         )
-        if weights is not None and args.weight_placement == "loss":
-            per_token_loss = weights * per_token_loss
 
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * off_policy_mask

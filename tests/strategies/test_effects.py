@@ -16,12 +16,9 @@ import pytest
 import torch
 
 from sharpgrpo import SharpGRPOConfig
+from sharpgrpo.losses import weighted_policy_surrogate
 from sharpgrpo.strategies import STRATEGIES
-from sharpgrpo.strategies.probability_shaping import (
-    probability_shaping_weights,
-    ratio_silenced_range,
-    weighted_clipped_surrogate,
-)
+from sharpgrpo.strategies.probability_shaping import probability_shaping_weights, ratio_silenced_range
 
 BUILTIN_WEIGHT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse")
 
@@ -43,8 +40,9 @@ def policy_gradient(args, strategy, prob: float, advantage: float, tokens: int =
     ratio = torch.exp(logp - logp.detach())  # on-policy: old = current
     weights = strategy.weights(logp.detach(), mask).detach()
     eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-    loss, _ = weighted_clipped_surrogate(ratio, torch.tensor([[advantage]], dtype=torch.float64), weights,
-                                         args.weight_placement, args.epsilon, eps_high, args.delta)
+    loss, _ = weighted_policy_surrogate(args.loss_type, ratio, torch.tensor([[advantage]], dtype=torch.float64), logp,
+                                        weights, args.weight_placement, epsilon_low=args.epsilon,
+                                        epsilon_high=eps_high, delta=args.delta)
     (grad,) = torch.autograd.grad(loss.sum(), logp)
     return grad
 
