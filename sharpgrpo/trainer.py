@@ -25,7 +25,9 @@ import torch
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+from sharpgrpo.strategies.probability_shaping import ARTokenAdvantages, ar_token_advantages
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
@@ -132,6 +134,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
         self._last_rewards_per_func: torch.Tensor | None = None
         self._generation_count = 0
+        self._generation_captured: dict[str, torch.Tensor] = {}  # see `_generate_single_turn`
         refuse_vllm_request_seed(args)
         super().__init__(model, reward_funcs, args, **kwargs)
         self._refuse_unsupported()
@@ -190,6 +193,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if self.use_vllm and self.vllm_mode == "server":
             self.vllm_generation.generation_kwargs = self._server_generation_kwargs()
+        self._generation_captured = {}
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
@@ -205,9 +209,46 @@ class SharpGRPOTrainer(GRPOTrainer):
             "group_index": global_rows % num_generations,
         }
         self._generation_count += 1
-        if self.advantage_strategies:
+        if self._generation_strategies():
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
         return output
+
+    def _trl_computes_old_logps(self) -> bool:
+        """TRL 1.16's condition for computing ``old_per_token_logps`` at generation (off-policy or vLLM IS)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0 or (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        )
+
+    def _folded_ar(self) -> ARTokenAdvantages | None:
+        """The `ar` strategy when it is applied in the loss instead of at generation: on-policy (TRL computes no
+        old log-probabilities, so the loss's own detached log-probabilities are p_old) and last in the list (no
+        later advantage strategy reads its output). Its factor f > 0 then commutes with min/clip: exactly equal."""
+        last = self.advantage_strategies[-1] if self.advantage_strategies else None
+        if isinstance(last, ARTokenAdvantages) and not self._trl_computes_old_logps():
+            return last
+        return None
+
+    def _generation_strategies(self) -> list[AdvantageStrategy]:
+        folded = self._folded_ar()
+        return [s for s in self.advantage_strategies if s is not folded]
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation, with the sampling log-probabilities and last hidden states read from transformers'
+        ``generate`` when a strategy needs them (`sharpgrpo.generation_capture`; no second forward)."""
+        strategies = self._generation_strategies()
+        logps = any(s.needs_old_logps for s in strategies) and not self._trl_computes_old_logps()
+        hidden = any(s.needs_hidden_states for s in strategies)
+        if not (logps or hidden) or not self.args.generation_capture or self.use_vllm or (
+            self.use_transformers_continuous_batching
+        ):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        with GenerationCapture(self._causal_lm(), self.temperature, logps=logps, hidden=hidden) as capture:
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                     num_generations, has_tool_images)
+        self._generation_captured = capture.result(completion_ids)
+        return completion_ids, logprobs
 
     @torch.no_grad()
     def _apply_advantage_strategies(self, output: dict[str, Any], num_generations: int, mode: str) -> torch.Tensor:
@@ -216,12 +257,26 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies do not support multimodal inputs.")
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         local_rows, local_length = completion_ids.shape
-        old_logps = output.get("old_per_token_logps")
-        if old_logps is None and any(s.needs_old_logps for s in self.advantage_strategies):
-            old_logps = self._sampling_logps(output)  # TRL skips them on-policy
+        strategies = self._generation_strategies()
+        captured = {k: fit_width(v, local_length) for k, v in self._generation_captured.items()
+                    if v.shape[0] == local_rows}
+        self._generation_captured = {}
         hidden_states = None
-        if any(s.needs_hidden_states for s in self.advantage_strategies):
-            hidden_states = self._completion_hidden_states(output)
+        if any(s.needs_hidden_states for s in strategies):
+            hidden_states = captured["hidden"] if "hidden" in captured else self._completion_hidden_states(output)
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is None and any(s.needs_old_logps for s in strategies):  # TRL skips them on-policy
+            sampling = output.get("sampling_per_token_logps")  # vLLM's own log-probabilities
+            if "logps" in captured:
+                old_logps = captured["logps"]
+            elif sampling is not None and not bool(torch.isnan(sampling).any()):
+                old_logps = sampling
+            elif hidden_states is not None:  # the backbone forward THR ran serves the log-probabilities too
+                with self._full_unembedding() as (weight, bias):
+                    old_logps = logps_from_hidden_states(hidden_states, completion_ids, weight, bias,
+                                                         self.temperature, self.args.per_device_train_batch_size)
+            else:
+                old_logps = self._sampling_logps(output)
 
         def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
             if self.accelerator.num_processes == 1:
@@ -252,7 +307,7 @@ class SharpGRPOTrainer(GRPOTrainer):
                 temperature=self.temperature,
             )
             token_advantages = batch.advantages
-            for strategy in self.advantage_strategies:
+            for strategy in strategies:
                 token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
                 for name, value in metrics.items():
                     self._metrics[mode][name].append(float(value))
@@ -412,6 +467,10 @@ class SharpGRPOTrainer(GRPOTrainer):
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
+        folded_ar = self._folded_ar()
+        if folded_ar is not None:  # AR-Lopti in the loss: p_old = the loss's own detached probabilities
+            ar_factor = ar_token_advantages(per_token_logps.detach().exp(), 1.0, folded_ar.args.ar_alpha)
+            advantages = ar_factor * advantages
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         if self.off_policy_mask_threshold is not None:
@@ -487,6 +546,8 @@ class SharpGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl if self.beta else None)
+        if folded_ar is not None:
+            self._metrics[mode]["ar/factor_mean"].append(self._global_masked_mean(ar_factor, mask))
         if weights is not None:
             self._log_weight_metrics(mode, mask, weights, surrogate_ratio, advantages)
         return loss
