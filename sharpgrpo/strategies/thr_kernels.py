@@ -1,0 +1,148 @@
+"""THR score kernel with the softmax fused into the vocabulary products (issue 13; METHODS §3 "Cost").
+
+Same sums as the ``factored`` method of :mod:`sharpgrpo.strategies.thr` (notation there: ``d_a = e_{y_a} - q_a``,
+``S_w = sum_{a in P} w_a d_a h_a^T`` (V, H), ``THR_b = d_b^T S_w h_b``), organised so that the normaliser of the
+N tokens' distributions is never computed in a pass of its own and no fp32 N x V probability matrix is written at
+full size:
+
+* pass 1, over the vocabulary, for the nP P-tokens only: their log-normaliser and ``1 - q(y)`` (the rows of S
+  need normalised probabilities before any token is scored);
+* pass 2, one vocabulary tile ``v`` at a time: the logits ``Z_v = H W_v^T / T`` of all N tokens; the tile of every
+  positive completion's ``S_i,v = D_i,v^T H_i`` (from the P rows of ``Z_v`` and the pass-1 normalisers);
+  ``U_v = H S_w,v^T`` (N, Vc); then, per token b, an online softmax accumulation over the tiles (flash-attention
+  style: running max ``m_b``, masses rescaled by ``exp(m_old - m_new)``):
+
+      other_b += sum_{v != y_b} exp(z_bv - m_b)          own_b += exp(z_b,y_b - m_b)
+      num_b   += sum_{v != y_b} exp(z_bv - m_b) U_bv      u_b    = U_b,y_b (the tile that holds y_b)
+
+  and finally ``THR_b = u_b * other_b / (other_b + own_b) - num_b / (other_b + own_b)`` =
+  ``(1 - q_b(y_b)) u_b - sum_{v != y_b} q_bv U_bv = d_b^T S_w h_b``. Both terms are formed without the
+  cancellation of ``u_b - sum_v q_bv U_bv`` when ``q_b(y_b)`` is close to 1. The entropy of every token comes out
+  of the same accumulation (``sum exp(z - m) z``).
+
+Flops: ``2 V H (2 N + 2 nP)`` (pass 1: nP V H; pass 2: logits N V H, ``S_i`` nP V H, ``U`` N V H), against
+``2 V H (3 N + nP)`` for ``factored``; and one fp32 pass fewer over the N x V logits (the all-token logsumexp).
+Peak extra memory: a few (N, Vc) fp32 tiles plus the (|P|, Vc, H) per-completion tiles, Vc chosen so each holds at
+most ``chunk_size * V`` elements (as ``factored``).
+
+Pure torch: the CPU tests run this path. (A Triton version would fuse the tile's two products with the online
+accumulation so that ``Z_v`` and ``U_v`` never leave on-chip memory; not shipped, see benchmarks/RESULTS.md.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def use_fused(method: str, vocab: str, num_tokens: int, num_pos: int, hidden_size: int, vocab_size: int,
+              chunk_size: int) -> bool:
+    """Whether :func:`fused_factored_sums` computes the scores: ``method="fused"``, or ``"auto"`` with the full
+    vocabulary when the pairwise product (see thr.py) does not need fewer flops or does not fit its budget."""
+    if method == "fused":
+        if vocab != "full":
+            raise ValueError("method='fused' needs vocab='full' (the sampled vocabulary keeps the full-vocabulary "
+                             "normaliser, which the fused pass does not compute); use 'factored'")
+        return True
+    if method != "auto" or vocab != "full" or num_pos == 0:
+        return False
+    flops_fused = 2 * vocab_size * hidden_size * (2 * num_tokens + 2 * num_pos)
+    flops_pairwise = 2 * vocab_size * num_tokens * (hidden_size + num_pos) + 2 * num_pos * num_tokens * hidden_size
+    fits = num_pos * num_tokens <= chunk_size * vocab_size
+    return not (fits and flops_pairwise < flops_fused)
+
+
+def fused_factored_sums(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    ids: torch.Tensor,
+    seq_lengths: list[int],
+    seq_weight: torch.Tensor,
+    weighted_differs: bool,
+    chunk_size: int,
+    compute_entropy: bool,
+    matmul_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Fused factored THR sums of one group (full vocabulary).
+
+    Shapes: h (N, H), the P-tokens first, sequence after sequence (``seq_lengths``, |P| entries summing to nP);
+    weight (V, H); bias (V,) or None; ids (N,) long; seq_weight (|P|,) -> (weighted (N,), seq_sums (|P|,),
+    entropy (N,) or None), all float32: ``weighted_b = sum_{a in P} w_a alpha(a, b) <h_a, h_b>`` (unsigned),
+    ``seq_sums_i' = <S_1, S_i'>_F`` (the threshold's unweighted per-completion sums) and the entropy of q_b.
+    """
+    from sharpgrpo.strategies.thr import _log_normalizer, _logits, _matmul, _rowdot, _slice_width
+
+    num_tokens, device = h.shape[0], h.device
+    num_pos = sum(seq_lengths)
+    vocab_size = weight.shape[0]
+    width = _slice_width(chunk_size, vocab_size, num_tokens)
+    width = min(width, max(1, (chunk_size * vocab_size) // (len(seq_lengths) * h.shape[1])))
+
+    # pass 1: P-tokens' normalisers (their rows of S need q before any token is scored)
+    lse_pos, one_minus_q_pos, _ = _log_normalizer(h[:num_pos], weight, bias, temperature,
+                                                  _slice_width(chunk_size, vocab_size, num_pos), ids[:num_pos],
+                                                  False, matmul_dtype)
+    bounds = [0]
+    for n in seq_lengths:
+        bounds.append(bounds[-1] + n)
+    weights = seq_weight.tolist()
+    seq_sums = torch.zeros(len(seq_lengths), device=device)
+
+    running_max = torch.full((num_tokens,), -math.inf, device=device)
+    other_mass = torch.zeros(num_tokens, device=device)
+    own_mass = torch.zeros(num_tokens, device=device)
+    numerator = torch.zeros(num_tokens, device=device)
+    own_u = torch.zeros(num_tokens, device=device)
+    weighted_logit = torch.zeros(num_tokens, device=device) if compute_entropy else None  # sum exp(z - m) z
+    for start in range(0, vocab_size, width):
+        stop = min(start + width, vocab_size)
+        z = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
+        hit = ((ids >= start) & (ids < stop)).nonzero().flatten()
+        columns = ids[hit] - start
+
+        # this tile of S: D_P,v = e_y - q over the P rows, from the pass-1 normalisers
+        d_pos = (z[:num_pos] - lse_pos[:, None]).exp_().neg_()
+        pos_hit = hit[hit < num_pos]
+        d_pos[pos_hit, ids[pos_hit] - start] = one_minus_q_pos[pos_hit]
+        s_all = torch.empty(len(seq_lengths), stop - start, h.shape[1], device=device)  # (|P|, Vc, H)
+        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            _matmul(d_pos[lo:hi].T, h[lo:hi], matmul_dtype, out=s_all[i])
+        del d_pos
+        s_one = s_all.sum(dim=0)
+        if weighted_differs:
+            s_w = torch.zeros_like(s_one)
+            for i, w in enumerate(weights):
+                s_w.add_(s_all[i], alpha=w)
+        else:
+            s_w = s_one
+        seq_sums += s_all.view(len(seq_lengths), -1) @ s_one.view(-1)
+        del s_all
+        u = _matmul(h, s_w.T, matmul_dtype)  # (N, Vc) = (S_w h_b) on this tile
+        del s_w, s_one
+
+        # online softmax over the tiles, the own token kept apart
+        new_max = torch.maximum(running_max, z.amax(dim=1))
+        rescale = torch.exp(running_max - new_max)
+        own_z = z[hit, columns] if compute_entropy else None
+        e = torch.exp(z - new_max[:, None]) if compute_entropy else z.sub_(new_max[:, None]).exp_()
+        own_e = torch.zeros(num_tokens, device=device)
+        own_e[hit] = e[hit, columns]
+        e[hit, columns] = 0.0
+        own_u[hit] = u[hit, columns]
+        other_mass = other_mass * rescale + e.sum(dim=1)
+        own_mass = own_mass * rescale + own_e
+        numerator = numerator * rescale + _rowdot(e, u)
+        if compute_entropy:
+            weighted_logit = weighted_logit * rescale + _rowdot(e, z)
+            weighted_logit[hit] += own_e[hit] * own_z
+        running_max = new_max
+        del z, e, u
+    total = other_mass + own_mass
+    weighted = own_u * (other_mass / total) - numerator / total
+    entropy = None
+    if compute_entropy:
+        entropy = running_max + torch.log(total) - weighted_logit / total
+    return weighted, seq_sums, entropy
