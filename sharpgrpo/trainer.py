@@ -610,17 +610,17 @@ class SharpGRPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(local, reduction="sum")
         n = totals[2].clamp(min=1.0)
         mean = totals[0] / n
-        metrics["token_weight/mean"].append(mean.item())
-        metrics["token_weight/std"].append((totals[1] / n - mean * mean).clamp(min=0.0).sqrt().item())
         inf = torch.tensor(float("inf"), device=w.device)
         # With no valid token the extremes are +inf and -inf, which the min over processes ignores.
         local_extremes = torch.stack([torch.where(valid, w, inf).min(), -torch.where(valid, w, -inf).max()])
         extremes = self.accelerator.gather(local_extremes.unsqueeze(0)).min(dim=0).values
-        metrics["token_weight/min"].append(extremes[0].item())
-        metrics["token_weight/max"].append(-extremes[1].item())
-        metrics["token_weight/frac_at_lower"].append((totals[3] / n).item())
-        metrics["token_weight/frac_at_upper"].append((totals[4] / n).item())
-        metrics["token_weight/frac_grad_clipped"].append((totals[5] / n).item())
+        values = torch.stack([  # read with one host synchronisation
+            mean, (totals[1] / n - mean * mean).clamp(min=0.0).sqrt(), extremes[0], -extremes[1],
+            totals[3] / n, totals[4] / n, totals[5] / n,
+        ]).tolist()
+        names = ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper", "frac_grad_clipped")
+        for name, value in zip(names, values, strict=True):
+            metrics[f"token_weight/{name}"].append(value)
 
     # ------------------------------------------------------------------------------------------------------------
     # Strategy state in checkpoints
