@@ -32,6 +32,7 @@ accumulation so that ``Z_v`` and ``U_v`` never leave on-chip memory; not shipped
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -53,7 +54,28 @@ def use_fused(method: str, vocab: str, num_tokens: int, num_pos: int, hidden_siz
     return not (fits and flops_pairwise < flops_fused)
 
 
-def fused_factored_sums(
+def fused_factored_sums(*args, kernel: str = "auto"):
+    """Fused factored THR sums of one group (full vocabulary); arguments of :func:`_fused_factored_sums`.
+
+    ``kernel``: ``"torch"``; ``"triton"`` (the token side of pass 2 in one Triton kernel per vocabulary tile, so the
+    (N, Vc) logits and ``U`` tiles never reach memory); ``"auto"``: Triton on CUDA when it is installed, falling back
+    to torch (with a warning) if the kernel fails to build."""
+    if kernel not in ("auto", "torch", "triton"):
+        raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
+    use_triton = kernel == "triton" or (kernel == "auto" and args[0].is_cuda and triton_available())
+    if not use_triton:
+        return _fused_factored_sums(*args, use_triton=False)
+    try:
+        return _fused_factored_sums(*args, use_triton=True)
+    except Exception as error:  # noqa: BLE001 - a kernel that does not build must not stop training
+        if kernel == "triton":
+            raise
+        warnings.warn(f"THR Triton kernel failed ({type(error).__name__}: {error}); using the torch path",
+                      stacklevel=2)
+        return _fused_factored_sums(*args, use_triton=False)
+
+
+def _fused_factored_sums(
     h: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -65,6 +87,8 @@ def fused_factored_sums(
     chunk_size: int,
     compute_entropy: bool,
     matmul_dtype: torch.dtype | None,
+    *,
+    use_triton: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Fused factored THR sums of one group (full vocabulary).
 
@@ -99,7 +123,8 @@ def fused_factored_sums(
     weighted_logit = torch.zeros(num_tokens, device=device) if compute_entropy else None  # sum exp(z - m) z
     for start in range(0, vocab_size, width):
         stop = min(start + width, vocab_size)
-        z = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
+        bias_tile = None if bias is None else bias[start:stop]
+        z = _logits(h[:num_pos] if use_triton else h, weight[start:stop], bias_tile, temperature, matmul_dtype)
         hit = ((ids >= start) & (ids < stop)).nonzero().flatten()
         columns = ids[hit] - start
 
@@ -120,6 +145,19 @@ def fused_factored_sums(
             s_w = s_one
         seq_sums += s_all.view(len(seq_lengths), -1) @ s_one.view(-1)
         del s_all
+        if use_triton:  # the token side of this tile in one kernel: (6, N) statistics, merged online
+            stats = triton_tile_statistics(h, weight[start:stop].to(h.dtype), s_w, bias_tile,
+                                           (ids - start).to(torch.int32), temperature)
+            new_max = torch.maximum(running_max, stats[0])
+            old_scale, tile_scale = torch.exp(running_max - new_max), torch.exp(stats[0] - new_max)
+            other_mass = other_mass * old_scale + stats[1] * tile_scale
+            own_mass = own_mass * old_scale + stats[2] * tile_scale
+            numerator = numerator * old_scale + stats[3] * tile_scale
+            own_u += stats[4]
+            if compute_entropy:
+                weighted_logit = weighted_logit * old_scale + stats[5] * tile_scale
+            running_max = new_max
+            continue
         u = _matmul(h, s_w.T, matmul_dtype)  # (N, Vc) = (S_w h_b) on this tile
         del s_w, s_one
 
@@ -146,3 +184,56 @@ def fused_factored_sums(
     if compute_entropy:
         entropy = running_max + torch.log(total) - weighted_logit / total
     return weighted, seq_sums, entropy
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Triton version of pass 2's token side (optional; CUDA, or the CPU interpreter with TRITON_INTERPRET=1)
+# ------------------------------------------------------------------------------------------------------------------
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _triton_kernel():
+    """The jitted kernel (``_thr_triton`` is imported on first use: ``triton.jit`` reads TRITON_INTERPRET then)."""
+    from sharpgrpo.strategies._thr_triton import online_tile_kernel
+
+    return online_tile_kernel
+
+
+def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: torch.Tensor,
+                           bias_tile: torch.Tensor | None, tile_ids: torch.Tensor, temperature: float,
+                           splits: int | None = None, block_m: int = 64, block_n: int = 64,
+                           block_k: int = 64) -> torch.Tensor:
+    """(6, N) statistics of one vocabulary tile, relative to the tile's own per-row max: max, other mass, own mass,
+    sum over other ids of e * u, own u, sum e * z (e = exp(z - max), z = (h W^T + b) / T, u = h S^T). ``tile_ids``
+    (N,) are the tokens' ids relative to the tile (out of range: not in this tile). The columns are split over
+    ``splits`` programs per row block, merged here."""
+    import triton
+
+    num_rows, hidden = h.shape
+    num_cols = weight_tile.shape[0]
+    if splits is None:
+        splits = max(1, min(triton.cdiv(num_cols, block_n), 4 * 132 // max(1, triton.cdiv(num_rows, block_m))))
+    split_cols = triton.cdiv(triton.cdiv(num_cols, splits), block_n) * block_n
+    splits = triton.cdiv(num_cols, split_cols)
+    out = torch.empty(splits, 6, num_rows, device=h.device, dtype=torch.float32)
+    h, weight_tile, s_tile = h.contiguous(), weight_tile.contiguous(), s_tile.contiguous()
+    kernel = _triton_kernel()
+    kernel[(triton.cdiv(num_rows, block_m), splits)](
+        h, weight_tile, s_tile, bias_tile if bias_tile is not None else h, tile_ids.contiguous(), out, num_rows,
+        num_cols, hidden, 1.0 / temperature, split_cols, h.stride(0), weight_tile.stride(0), s_tile.stride(0),
+        out.stride(0), out.stride(1), HAS_BIAS=bias_tile is not None, IEEE=h.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return merge_statistics(out)
+
+
+def merge_statistics(parts: torch.Tensor) -> torch.Tensor:
+    """Merge (S, 6, N) online statistics (each relative to its own max) into (6, N) relative to the common max."""
+    top = parts[:, 0].amax(dim=0)
+    scale = torch.exp(parts[:, 0] - top)  # (S, N)
+    return torch.stack([top, (parts[:, 1] * scale).sum(0), (parts[:, 2] * scale).sum(0),
+                        (parts[:, 3] * scale).sum(0), parts[:, 4].sum(0), (parts[:, 5] * scale).sum(0)])
