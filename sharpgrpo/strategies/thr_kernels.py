@@ -32,6 +32,7 @@ accumulation so that ``Z_v`` and ``U_v`` never leave on-chip memory; not shipped
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import torch
@@ -54,12 +55,16 @@ def use_fused(method: str, vocab: str, num_tokens: int, num_pos: int, hidden_siz
     return not (fits and flops_pairwise < flops_fused)
 
 
-def fused_factored_sums(*args, kernel: str = "auto"):
+DEFAULT_KERNEL = os.environ.get("SHARPGRPO_THR_KERNEL", "auto")  # "auto" | "torch" | "triton"
+
+
+def fused_factored_sums(*args, kernel: str | None = None):
     """Fused factored THR sums of one group (full vocabulary); arguments of :func:`_fused_factored_sums`.
 
     ``kernel``: ``"torch"``; ``"triton"`` (the token side of pass 2 in one Triton kernel per vocabulary tile, so the
     (N, Vc) logits and ``U`` tiles never reach memory); ``"auto"``: Triton on CUDA when it is installed, falling back
-    to torch (with a warning) if the kernel fails to build."""
+    to torch (with a warning) if the kernel fails to build. Default: ``$SHARPGRPO_THR_KERNEL`` or ``"auto"``."""
+    kernel = kernel or DEFAULT_KERNEL
     if kernel not in ("auto", "torch", "triton"):
         raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
     use_triton = kernel == "triton" or (kernel == "auto" and args[0].is_cuda and triton_available())
@@ -146,7 +151,7 @@ def _fused_factored_sums(
         seq_sums += s_all.view(len(seq_lengths), -1) @ s_one.view(-1)
         del s_all
         if use_triton:  # the token side of this tile in one kernel: (6, N) statistics, merged online
-            stats = triton_tile_statistics(h, weight[start:stop].to(h.dtype), s_w, bias_tile,
+            stats = triton_tile_statistics(h, weight[start:stop].to(h.dtype), s_w.to(h.dtype), bias_tile,
                                            (ids - start).to(torch.int32), temperature)
             new_max = torch.maximum(running_max, stats[0])
             old_scale, tile_scale = torch.exp(running_max - new_max), torch.exp(stats[0] - new_max)
