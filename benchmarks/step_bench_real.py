@@ -80,9 +80,10 @@ def parse_args(argv=None):
     parser.add_argument("--prompt_length", type=int, default=64)
     parser.add_argument("--max_completion_length", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--gen_rounds", type=int, default=5)
+    parser.add_argument("--gen_rounds", type=int, default=4)
     parser.add_argument("--loss_rounds", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=2, help="timed full optimizer steps per variant")
+    parser.add_argument("--steps", type=int, default=1,
+                        help="timed full optimizer steps per variant (after one untimed round)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (0: torch's default)")
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
