@@ -1,6 +1,6 @@
 """``SharpGRPOTrainer``: TRL's ``GRPOTrainer`` with pluggable token-level strategies.
 
-Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three points of the parent:
+Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides four points of the parent:
 
 * ``_generate_and_score_completions``: after TRL has generated, scored and normalised a generation batch, it
   tags every row with its group id and index in the group (so group structure survives TRL's shuffling and
@@ -11,6 +11,9 @@ Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three 
   TRL's entropy mask, off-policy mask, vLLM importance-sampling ratio and metric names. With the ``equal``
   strategy it equals the parent's loss and gradients (tests/integration/test_parity.py);
 * ``_calculate_rewards``: unchanged, but the trainer keeps the rewards for strategies that need them.
+* ``_generate_single_turn``: unchanged, but with transformers' ``generate`` it reads the sampling log-probabilities
+  and last hidden states that advantage strategies need from the decoding steps (`sharpgrpo.generation_capture`), so
+  no second forward runs; on-policy ``ar`` is applied in ``_compute_loss`` instead (``_folded_ar``).
 """
 
 from __future__ import annotations
