@@ -161,3 +161,21 @@ def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
     torch.testing.assert_close(folded_loss, loss, atol=1e-6, rtol=1e-5)
     for got, want in zip(folded_grads, grads):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_vllm_sampling_log_probabilities_are_used_without_forward(tiny_model_path, tmp_path, monkeypatch):
+    """Where the backend returned its own sampling log-probabilities (vLLM: `sampling_per_token_logps`) and TRL
+    computed no old ones, cw_grpo uses them: no forward, and the same advantages as from the forward's values."""
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(tiny_model_path, tmp_path, strategies="cw_grpo", generation_capture=False)
+    torch.manual_seed(3)
+    output = GRPOTrainer._generate_and_score_completions(trainer, [demo_dataset(16)[i // 8] for i in range(16)])
+    output["group_ids"] = torch.arange(16) // 8
+    reference = trainer._apply_advantage_strategies(output, 8, "train")  # old log-probabilities from a forward
+    with torch.no_grad():
+        sampling = trainer._sampling_logps(output)
+    monkeypatch.setattr(trainer, "_sampling_logps", lambda output: pytest.fail("second forward"))
+    advantages = trainer._apply_advantage_strategies(dict(output, sampling_per_token_logps=sampling), 8, "train")
+    assert (reference != output["advantages"][:, None]).any()  # cw_grpo changed them
+    torch.testing.assert_close(advantages, reference, atol=0, rtol=0)
