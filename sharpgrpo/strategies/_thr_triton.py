@@ -8,11 +8,11 @@ import triton.language as tl
 @triton.jit
 def online_tile_kernel(h_ptr, w_ptr, s_ptr, bias_ptr, ids_ptr, out_ptr, n_rows, n_cols, hidden, inv_t,
                        split_cols, stride_h, stride_w, stride_s, stride_out_split, stride_out_stat,
-                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, WITH_U: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Rows [pid_m*BM, +BM) against vocabulary columns [pid_v*split, +split) of one tile: z = h W^T / T (+b/T),
     u = h S^T, and the online statistics (max, other mass, own mass, sum e*u over other ids, own u, sum e*z)
-    written to out[pid_v, stat, row]."""
+    written to out[pid_v, stat, row]. Without ``WITH_U`` (the normaliser pass) u = 0 and S is not read."""
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -38,14 +38,17 @@ def online_tile_kernel(h_ptr, w_ptr, s_ptr, bias_ptr, ids_ptr, out_ptr, n_rows, 
                         other=0.0)
             w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=col_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            s = tl.load(s_ptr + cols[:, None] * stride_s + ks[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                        other=0.0)
             if IEEE:
                 z += tl.dot(h, tl.trans(w), input_precision="ieee")
-                u += tl.dot(h, tl.trans(s.to(h.dtype)), input_precision="ieee")
             else:
                 z += tl.dot(h, tl.trans(w))
-                u += tl.dot(h, tl.trans(s.to(h.dtype)))
+            if WITH_U:
+                s = tl.load(s_ptr + cols[:, None] * stride_s + ks[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+                if IEEE:
+                    u += tl.dot(h, tl.trans(s.to(h.dtype)), input_precision="ieee")
+                else:
+                    u += tl.dot(h, tl.trans(s.to(h.dtype)))
         if HAS_BIAS:
             z += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         z_finite = z * inv_t  # 0 on columns past the tile

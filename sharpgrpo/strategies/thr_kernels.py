@@ -25,8 +25,11 @@ Flops: ``2 V H (2 N + 2 nP)`` (pass 1: nP V H; pass 2: logits N V H, ``S_i`` nP 
 Peak extra memory: a few (N, Vc) fp32 tiles plus the (|P|, Vc, H) per-completion tiles, Vc chosen so each holds at
 most ``chunk_size * V`` elements (as ``factored``).
 
-Pure torch: the CPU tests run this path. (A Triton version would fuse the tile's two products with the online
-accumulation so that ``Z_v`` and ``U_v`` never leave on-chip memory; not shipped, see benchmarks/RESULTS.md.)
+Two implementations of the same loop: pure torch (the CPU tests and the default without triton), and, with triton
+installed, on CUDA, a Triton kernel (``_thr_triton.py``) for pass 1 and for the token side of pass 2: per block of
+tokens and vocabulary columns it computes ``Z`` and ``U`` in on-chip memory and keeps only the online statistics, so
+neither (N, Vc) tile is written. It is tested in Triton's CPU interpreter (tests/strategies/test_thr_triton.py);
+``SHARPGRPO_THR_KERNEL`` (or ``kernel=``) chooses, and a kernel that fails to build falls back to torch.
 """
 
 from __future__ import annotations
@@ -111,9 +114,15 @@ def _fused_factored_sums(
     width = min(width, max(1, (chunk_size * vocab_size) // (len(seq_lengths) * h.shape[1])))
 
     # pass 1: P-tokens' normalisers (their rows of S need q before any token is scored)
-    lse_pos, one_minus_q_pos, _ = _log_normalizer(h[:num_pos], weight, bias, temperature,
-                                                  _slice_width(chunk_size, vocab_size, num_pos), ids[:num_pos],
-                                                  False, matmul_dtype)
+    if use_triton:  # the whole vocabulary in one kernel call: (max, other mass, own mass) per P-token
+        stats = triton_tile_statistics(h[:num_pos], weight.to(h.dtype), None, bias, ids[:num_pos].to(torch.int32),
+                                       temperature)
+        total_pos = stats[1] + stats[2]
+        lse_pos, one_minus_q_pos = stats[0] + torch.log(total_pos), stats[1] / total_pos
+    else:
+        lse_pos, one_minus_q_pos, _ = _log_normalizer(h[:num_pos], weight, bias, temperature,
+                                                      _slice_width(chunk_size, vocab_size, num_pos), ids[:num_pos],
+                                                      False, matmul_dtype)
     bounds = [0]
     for n in seq_lengths:
         bounds.append(bounds[-1] + n)
@@ -209,14 +218,14 @@ def _triton_kernel():
     return online_tile_kernel
 
 
-def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: torch.Tensor,
+def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: torch.Tensor | None,
                            bias_tile: torch.Tensor | None, tile_ids: torch.Tensor, temperature: float,
                            splits: int | None = None, block_m: int = 64, block_n: int = 64,
                            block_k: int = 64) -> torch.Tensor:
     """(6, N) statistics of one vocabulary tile, relative to the tile's own per-row max: max, other mass, own mass,
     sum over other ids of e * u, own u, sum e * z (e = exp(z - max), z = (h W^T + b) / T, u = h S^T). ``tile_ids``
     (N,) are the tokens' ids relative to the tile (out of range: not in this tile). The columns are split over
-    ``splits`` programs per row block, merged here."""
+    ``splits`` programs per row block, merged here. ``s_tile=None``: u = 0 (the normaliser alone)."""
     import triton
 
     num_rows, hidden = h.shape
@@ -226,12 +235,14 @@ def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: t
     split_cols = triton.cdiv(triton.cdiv(num_cols, splits), block_n) * block_n
     splits = triton.cdiv(num_cols, split_cols)
     out = torch.empty(splits, 6, num_rows, device=h.device, dtype=torch.float32)
-    h, weight_tile, s_tile = h.contiguous(), weight_tile.contiguous(), s_tile.contiguous()
+    h, weight_tile = h.contiguous(), weight_tile.contiguous()
+    with_u = s_tile is not None
+    s_tile = s_tile.contiguous() if with_u else weight_tile
     kernel = _triton_kernel()
     kernel[(triton.cdiv(num_rows, block_m), splits)](
         h, weight_tile, s_tile, bias_tile if bias_tile is not None else h, tile_ids.contiguous(), out, num_rows,
         num_cols, hidden, 1.0 / temperature, split_cols, h.stride(0), weight_tile.stride(0), s_tile.stride(0),
-        out.stride(0), out.stride(1), HAS_BIAS=bias_tile is not None, IEEE=h.dtype == torch.float32,
+        out.stride(0), out.stride(1), HAS_BIAS=bias_tile is not None, WITH_U=with_u, IEEE=h.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return merge_statistics(out)
 

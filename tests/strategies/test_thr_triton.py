@@ -53,3 +53,16 @@ def test_fused_scores_with_triton_kernel_match_float64_reference(monkeypatch):
     assert calls, "the Triton kernel did not run"
     reference = reference_scores(hidden, ids, mask, positive, weight, bias, 0.9, beta=1.1)
     assert_scores_close(result, reference, mask)
+
+
+def test_normaliser_statistics_without_u():
+    gen = torch.Generator().manual_seed(1)
+    h, w = torch.randn(20, 24, generator=gen), torch.randn(70, 24, generator=gen)
+    ids = torch.randint(0, 70, (20,), generator=gen).to(torch.int32)
+    stats = thr_kernels.triton_tile_statistics(h, w, None, None, ids, 1.0, block_m=16, block_n=16, block_k=16)
+    z = h.double() @ w.double().T
+    total = stats[1].double() + stats[2].double()
+    torch.testing.assert_close(stats[0].double() + total.log(), torch.logsumexp(z, 1), rtol=1e-6, atol=1e-6)
+    q_y = torch.softmax(z, 1).gather(1, ids.long()[:, None]).squeeze(1)
+    torch.testing.assert_close(stats[1].double() / total, 1 - q_y, rtol=1e-5, atol=1e-7)
+    assert not stats[3].any() and not stats[4].any()  # u = 0
