@@ -1,7 +1,7 @@
 """Benchmark of the THR score computation (sharpgrpo.strategies.thr.token_hidden_reward_scores, METHODS §3).
 
 For one synthetic group of G completions of equal length L (N = G*L tokens, a fraction of the completions positive,
-nP = |P|*L P-tokens) it measures, per method (``factored``, ``pairwise``, ``auto``):
+nP = |P|*L P-tokens) it measures, per method (``fused``, ``factored``, ``pairwise``, ``auto``):
 
 * time (single-threaded CPU: process CPU time, see :func:`measure`) and peak extra memory of the score
   computation (CUDA: ``torch.cuda.max_memory_allocated`` above the memory in use before the call; CPU: peak
@@ -35,6 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sharpgrpo.strategies.thr import token_hidden_reward_scores  # noqa: E402
+from sharpgrpo.strategies import thr_kernels  # noqa: E402
+from sharpgrpo.strategies.thr_kernels import use_fused  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,8 +51,10 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of hidden states and W")
     parser.add_argument("--matmul-dtype", default="float32", choices=["float32", "tf32", "bfloat16"],
                         help="products: fp32, TF32 (CUDA) or bf16 inputs; accumulation is always fp32")
-    parser.add_argument("--methods", nargs="+", default=["factored", "pairwise"],
-                        choices=["factored", "pairwise", "auto"])
+    parser.add_argument("--methods", nargs="+", default=["fused", "factored", "pairwise"],
+                        choices=["fused", "factored", "pairwise", "auto"])
+    parser.add_argument("--fused-kernel", default="auto", choices=["auto", "torch", "triton"],
+                        help="kernel of the fused method (auto: Triton on CUDA when installed)")
     parser.add_argument("--vocab-mode", default="full", choices=["full", "sampled"])
     parser.add_argument("--frac-positive", type=float, default=0.5, help="fraction of the G completions in P")
     parser.add_argument("--chunk-size", type=int, default=1024, help="thr_chunk_size (tokens)")
@@ -127,6 +131,8 @@ def matmul_rate(device, dtype, size):
 
 
 def method_flops(method, n_tokens, n_pos, vocab, hidden, sub_vocab):
+    if method == "fused":  # P-token logsumexp pass, then logits, S tiles and U = H S^T (thr_kernels.py)
+        return 2 * vocab * hidden * (2 * n_tokens + 2 * n_pos)
     lse_pass = 2 * n_tokens * vocab * hidden
     if method == "factored":
         return lse_pass + 2 * sub_vocab * hidden * (2 * n_tokens + n_pos)
@@ -139,6 +145,7 @@ def fmt_bytes(n):
 
 def main(argv=None):
     args = parse_args(argv)
+    thr_kernels.DEFAULT_KERNEL = args.fused_kernel
     device = torch.device(args.device)
     if device.type == "cpu":
         release_large_frees_to_os()
@@ -152,12 +159,13 @@ def main(argv=None):
     rate = matmul_rate(device, rate_dtype, 2048 if device.type == "cpu" else 8192)
     print(f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} matmul={args.matmul_dtype} "
           f"G={args.G} V={args.vocab} H={args.hidden} vocab_mode={args.vocab_mode} chunk_size={args.chunk_size} "
-          f"frac_positive={args.frac_positive}; measured matmul rate {rate / 1e9:.1f} GFLOP/s ({rate_dtype})")
+          f"frac_positive={args.frac_positive} fused_kernel={args.fused_kernel}; measured matmul rate {rate / 1e9:.1f} GFLOP/s ({rate_dtype})")
     header = ("| L | N | nP | method | THR time | THR peak mem | unembed fwd | THR / unembed | floor GFLOP "
               "| method GFLOP | floor frac | method frac |")
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     rows = []
+    agreement = {}
     for length in args.lengths:
         n_pos_rows = max(1, min(args.G - 1, round(args.frac_positive * args.G)))
         hidden = torch.randn(args.G, length, args.hidden, generator=gen).to(device, dtype)
@@ -183,8 +191,19 @@ def main(argv=None):
             if length == args.lengths[0]:
                 scores()  # warm-up
             seconds, peak = measure(scores, device, args.repeats)
+            if length == args.lengths[0]:  # agreement of the methods (e.g. the Triton kernel on a GPU)
+                result = scores().scores
+                if "first" not in agreement:
+                    agreement["first"] = (method, result)
+                else:
+                    base_method, base = agreement["first"]
+                    rel = float((result - base).abs().max() / base.abs().max().clamp(min=1e-30))
+                    print(f"max |{method} - {base_method}| / max |{base_method}| = {rel:.2e}", flush=True)
             chosen = method
-            if method == "auto":
+            if method == "auto" and use_fused("auto", args.vocab_mode, n_tokens, n_pos, args.hidden, args.vocab,
+                                              args.chunk_size):
+                chosen = "fused"
+            elif method == "auto":
                 f_fact = method_flops("factored", n_tokens, n_pos, args.vocab, args.hidden, sub_vocab)
                 f_pair = method_flops("pairwise", n_tokens, n_pos, args.vocab, args.hidden, sub_vocab)
                 fits = n_pos * n_tokens <= args.chunk_size * args.vocab

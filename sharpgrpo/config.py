@@ -161,6 +161,16 @@ class SharpGRPOConfig(GRPOConfig):
             "generation (to see which tokens dominate, as in the paper's word clouds)."
         },
     )
+    generation_capture: bool = field(
+        default=True,
+        metadata={
+            "help": "Read the sampling log-probabilities (`cw_grpo`, `ar`) and last hidden states (`thr`, `nthr`) "
+            "from transformers' `generate` instead of a second forward over the generation batch (issue 13; equal "
+            "up to KV-cache rounding). On-policy `ar` (last advantage strategy) is always applied in the loss from "
+            "its own log-probabilities. With vLLM the log-probabilities it returns are used when TRL computes none; "
+            "THR then runs one backbone forward that also serves the log-probabilities. False: always forward."
+        },
+    )
     nthr_length_normalized: bool = field(
         default=False,
         metadata={

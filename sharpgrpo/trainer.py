@@ -1,6 +1,6 @@
 """``SharpGRPOTrainer``: TRL's ``GRPOTrainer`` with pluggable token-level strategies.
 
-Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three points of the parent:
+Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides four points of the parent:
 
 * ``_generate_and_score_completions``: after TRL has generated, scored and normalised a generation batch, it
   tags every row with its group id and index in the group (so group structure survives TRL's shuffling and
@@ -12,6 +12,9 @@ Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three 
   ``equal`` strategy it equals the parent's loss and gradients (tests/integration/test_parity.py);
 * ``_calculate_rewards``: unchanged, but the trainer keeps the rewards for strategies that need them, and the
   verdicts of the reward functions' answer checks for strategies that need "correct" (``sharpgrpo.correctness``).
+* ``_generate_single_turn``: unchanged, but with transformers' ``generate`` it reads the sampling log-probabilities
+  and last hidden states that advantage strategies need from the decoding steps (`sharpgrpo.generation_capture`), so
+  no second forward runs; on-policy ``ar`` is applied in ``_compute_loss`` instead (``_folded_ar``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from trl import GRPOTrainer
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.correctness import answer_verdicts, correct_completions
 from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
+from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+from sharpgrpo.strategies.probability_shaping import ARTokenAdvantages, ar_token_advantages
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
@@ -136,6 +141,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._last_rewards_per_func: torch.Tensor | None = None
         self._last_answer_verdicts: torch.Tensor | None = None
         self._generation_count = 0
+        self._generation_captured: dict[str, torch.Tensor] = {}  # see `_generate_single_turn`
         refuse_vllm_request_seed(args)
         super().__init__(model, reward_funcs, args, **kwargs)
         self._refuse_unsupported()
@@ -202,6 +208,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if self.use_vllm and self.vllm_mode == "server":
             self.vllm_generation.generation_kwargs = self._server_generation_kwargs()
+        self._generation_captured = {}
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
@@ -217,9 +224,46 @@ class SharpGRPOTrainer(GRPOTrainer):
             "group_index": global_rows % num_generations,
         }
         self._generation_count += 1
-        if self.advantage_strategies:
+        if self._generation_strategies():
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
         return output
+
+    def _trl_computes_old_logps(self) -> bool:
+        """TRL 1.16's condition for computing ``old_per_token_logps`` at generation (off-policy or vLLM IS)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0 or (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        )
+
+    def _folded_ar(self) -> ARTokenAdvantages | None:
+        """The `ar` strategy when it is applied in the loss instead of at generation: on-policy (TRL computes no
+        old log-probabilities, so the loss's own detached log-probabilities are p_old) and last in the list (no
+        later advantage strategy reads its output). Its factor f > 0 then commutes with min/clip: exactly equal."""
+        last = self.advantage_strategies[-1] if self.advantage_strategies else None
+        if isinstance(last, ARTokenAdvantages) and not self._trl_computes_old_logps():
+            return last
+        return None
+
+    def _generation_strategies(self) -> list[AdvantageStrategy]:
+        folded = self._folded_ar()
+        return [s for s in self.advantage_strategies if s is not folded]
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation, with the sampling log-probabilities and last hidden states read from transformers'
+        ``generate`` when a strategy needs them (`sharpgrpo.generation_capture`; no second forward)."""
+        strategies = self._generation_strategies()
+        logps = any(s.needs_old_logps for s in strategies) and not self._trl_computes_old_logps()
+        hidden = any(s.needs_hidden_states for s in strategies)
+        if not (logps or hidden) or not self.args.generation_capture or self.use_vllm or (
+            self.use_transformers_continuous_batching
+        ):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        with GenerationCapture(self._causal_lm(), self.temperature, logps=logps, hidden=hidden) as capture:
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                     num_generations, has_tool_images)
+        self._generation_captured = capture.result(completion_ids)
+        return completion_ids, logprobs
 
     @torch.no_grad()
     def _apply_advantage_strategies(self, output: dict[str, Any], num_generations: int, mode: str) -> torch.Tensor:
@@ -228,12 +272,26 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies do not support multimodal inputs.")
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         local_rows, local_length = completion_ids.shape
-        old_logps = output.get("old_per_token_logps")
-        if old_logps is None and any(s.needs_old_logps for s in self.advantage_strategies):
-            old_logps = self._sampling_logps(output)  # TRL skips them on-policy
+        strategies = self._generation_strategies()
+        captured = {k: fit_width(v, local_length) for k, v in self._generation_captured.items()
+                    if v.shape[0] == local_rows}
+        self._generation_captured = {}
         hidden_states = None
-        if any(s.needs_hidden_states for s in self.advantage_strategies):
-            hidden_states = self._completion_hidden_states(output)
+        if any(s.needs_hidden_states for s in strategies):
+            hidden_states = captured["hidden"] if "hidden" in captured else self._completion_hidden_states(output)
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is None and any(s.needs_old_logps for s in strategies):  # TRL skips them on-policy
+            sampling = output.get("sampling_per_token_logps")  # vLLM's own log-probabilities
+            if "logps" in captured:
+                old_logps = captured["logps"]
+            elif sampling is not None and not bool(torch.isnan(sampling).any()):
+                old_logps = sampling
+            elif hidden_states is not None:  # the backbone forward THR ran serves the log-probabilities too
+                with self._full_unembedding() as (weight, bias):
+                    old_logps = logps_from_hidden_states(hidden_states, completion_ids, weight, bias,
+                                                         self.temperature, self.args.per_device_train_batch_size)
+            else:
+                old_logps = self._sampling_logps(output)
 
         def gather_rows(tensor: torch.Tensor) -> torch.Tensor:
             if self.accelerator.num_processes == 1:
@@ -271,7 +329,7 @@ class SharpGRPOTrainer(GRPOTrainer):
                 correct=correct,
             )
             token_advantages = batch.advantages
-            for strategy in self.advantage_strategies:
+            for strategy in strategies:
                 token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
                 for name, value in metrics.items():
                     self._metrics[mode][name].append(float(value))
@@ -441,6 +499,10 @@ class SharpGRPOTrainer(GRPOTrainer):
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
+        folded_ar = self._folded_ar()
+        if folded_ar is not None:  # AR-Lopti in the loss: p_old = the loss's own detached probabilities
+            ar_factor = ar_token_advantages(per_token_logps.detach().exp(), 1.0, folded_ar.args.ar_alpha)
+            advantages = ar_factor * advantages
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         if self.off_policy_mask_threshold is not None:
@@ -549,6 +611,8 @@ class SharpGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl if self.beta else None, phi_seq)
+        if folded_ar is not None:
+            self._metrics[mode]["ar/factor_mean"].append(self._global_masked_mean(ar_factor, mask))
         if weights is not None:
             clipped_ratio = surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None
             self._log_weight_metrics(mode, mask, weights, clipped_ratio, advantages)
@@ -654,17 +718,17 @@ class SharpGRPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(local, reduction="sum")
         n = totals[2].clamp(min=1.0)
         mean = totals[0] / n
-        metrics["token_weight/mean"].append(mean.item())
-        metrics["token_weight/std"].append((totals[1] / n - mean * mean).clamp(min=0.0).sqrt().item())
         inf = torch.tensor(float("inf"), device=w.device)
         # With no valid token the extremes are +inf and -inf, which the min over processes ignores.
         local_extremes = torch.stack([torch.where(valid, w, inf).min(), -torch.where(valid, w, -inf).max()])
         extremes = self.accelerator.gather(local_extremes.unsqueeze(0)).min(dim=0).values
-        metrics["token_weight/min"].append(extremes[0].item())
-        metrics["token_weight/max"].append(-extremes[1].item())
-        metrics["token_weight/frac_at_lower"].append((totals[3] / n).item())
-        metrics["token_weight/frac_at_upper"].append((totals[4] / n).item())
-        metrics["token_weight/frac_grad_clipped"].append((totals[5] / n).item())
+        values = torch.stack([  # read with one host synchronisation
+            mean, (totals[1] / n - mean * mean).clamp(min=0.0).sqrt(), extremes[0], -extremes[1],
+            totals[3] / n, totals[4] / n, totals[5] / n,
+        ]).tolist()
+        names = ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper", "frac_grad_clipped")
+        for name, value in zip(names, values, strict=True):
+            metrics[f"token_weight/{name}"].append(value)
 
     # ------------------------------------------------------------------------------------------------------------
     # Strategy state in checkpoints

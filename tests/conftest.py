@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton kernels (sharpgrpo/strategies/_thr_triton.py) are tested in Triton's CPU interpreter, which must be on
+# before anything (transformers, trl) imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

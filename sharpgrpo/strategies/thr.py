@@ -45,7 +45,7 @@ from sharpgrpo.correctness import batch_correct
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
 
 VOCAB_MODES = ("full", "sampled")
-SCORE_METHODS = ("auto", "factored", "pairwise")
+SCORE_METHODS = ("auto", "fused", "factored", "pairwise")
 
 
 class ThrScores(NamedTuple):
@@ -213,7 +213,8 @@ def token_hidden_reward_scores(
             (the unnormalised influence sum of Deng et al. 2025, on the threshold's scale). The threshold itself is
             always unnormalised, as METHODS writes it.
         compute_entropy: also return the entropy of the full distribution q at every token (same first pass).
-        method: ``"factored"``, ``"pairwise"`` or ``"auto"`` (see the module docstring); all are exact.
+        method: ``"fused"`` (thr_kernels.py: softmax fused into the vocabulary products; full vocabulary only),
+            ``"factored"``, ``"pairwise"`` or ``"auto"`` (see the module docstring); all are exact.
         matmul_dtype: None (fp32 products; TF32 on CUDA if enabled globally) or ``torch.bfloat16`` (bf16 inputs to
             every product, fp32 accumulation, fp32 results accumulated across slices).
     """
@@ -243,8 +244,11 @@ def token_hidden_reward_scores(
     ids = completion_ids.reshape(-1)[flat_index].long()
 
     scores_flat = torch.zeros(num_tokens, device=device)
-    need_lse = num_pos > 0 or compute_entropy
-    lse = entropy = None
+    from sharpgrpo.strategies.thr_kernels import fused_factored_sums, use_fused
+
+    fused = num_pos > 0 and use_fused(method, vocab, num_tokens, num_pos, hidden_size, vocab_size, chunk_size)
+    need_lse = (num_pos > 0 or compute_entropy) and not fused
+    lse = entropy = one_minus_q_y = None
     if num_tokens and need_lse:
         lse, one_minus_q_y, entropy = _log_normalizer(h, unembedding_weight, unembedding_bias, temperature, width,
                                                       ids, compute_entropy, matmul_dtype)
@@ -263,12 +267,16 @@ def token_hidden_reward_scores(
         sub_vocab = weight.shape[0]
         flops_factored = 2 * sub_vocab * hidden_size * (2 * num_tokens + num_pos)
         flops_pairwise = 2 * sub_vocab * num_tokens * (hidden_size + num_pos) + 2 * num_pos * num_tokens * hidden_size
-        chosen = method
-        if method == "auto":
+        chosen = "fused" if fused else method
+        if chosen == "auto":
             fits = num_pos * num_tokens <= chunk_size * vocab_size
             chosen = "pairwise" if (fits and flops_pairwise < flops_factored) else "factored"
         common = (h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, matmul_dtype)
-        if chosen == "pairwise":
+        if chosen == "fused":  # sharpgrpo/strategies/thr_kernels.py
+            scores_flat, seq_sums, entropy = fused_factored_sums(
+                h, weight, bias, temperature, ids, pos_counts.tolist(), seq_weight, length_normalized, chunk_size,
+                compute_entropy, matmul_dtype)
+        elif chosen == "pairwise":
             pos_weight = seq_weight.repeat_interleave(pos_counts)
             scores_flat, influence_tokens = _pairwise_sums(*common, width, pos_weight, chunk_size)
             seq_sums = torch.zeros(len(pos_rows), device=device).index_add_(
