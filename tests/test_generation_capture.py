@@ -15,7 +15,6 @@ from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 from sharpgrpo.strategies.probability_shaping import ar_token_advantages
-from sharpgrpo.trainer import prompt_completion
 
 LOGP_ATOL = 2e-5
 
