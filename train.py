@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 from transformers import AutoTokenizer
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from reward_fns import get_reward_function
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.cli_checks import check_model_source, check_rewards, load_checked_dataset, one_line_errors
+from sharpgrpo.cli_checks import (
+    check_model_source,
+    check_rewards,
+    load_checked_dataset,
+    one_line_errors,
+    resolve_reward_functions,
+)
 from sharpgrpo.demo import register_demo
 from sharpgrpo.tiny import resolve_model_name
 
@@ -55,8 +60,8 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
     check_model_source(model_name)
+    reward_funcs = resolve_reward_functions(task.reward_funcs)
     train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
-    reward_funcs = [get_reward_function(name) for name in task.reward_funcs]
     check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
 
     model_path = resolve_model_name(model_name)

@@ -101,8 +101,8 @@ def check_model_source(name: str, field: str = "model_name_or_path") -> None:
         )
     if _offline() and not _in_hub_cache(name):
         raise ConfigError(
-            f"{field}={name!r}: no such directory ({path.resolve()}), and offline (HF_HUB_OFFLINE=1) the Hub cache has "
-            "no model of that id; give a local model directory or download it first."
+            f"{field}={name!r}: no such directory ({path.resolve()}), and offline (HF_HUB_OFFLINE=1) the Hub "
+            "cache has no model of that id; give a local model directory or download it first."
         )
 
 
@@ -121,7 +121,7 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def parse_dataset_kwargs(value: Any) -> dict[str, Any]:
-    """``dataset_kwargs`` as a dict: a mapping from the YAML, or JSON (or a YAML flow mapping) from the command line."""
+    """``dataset_kwargs`` as a dict: a mapping from the YAML, or JSON (or a YAML flow mapping) on the command line."""
     if value is None:
         return {}
     if isinstance(value, str):
@@ -139,7 +139,9 @@ def parse_dataset_kwargs(value: Any) -> dict[str, Any]:
         if value is None:
             value = {}
     if not isinstance(value, dict):
-        raise ConfigError(f"dataset_kwargs={value!r}: must be a mapping of keyword arguments, e.g. {{num_prompts: 512}}.")
+        raise ConfigError(
+            f"dataset_kwargs={value!r}: must be a mapping of keyword arguments, e.g. {{num_prompts: 512}}."
+        )
     glued = [key for key, item in value.items() if item is None and isinstance(key, str) and ":" in key]
     if glued:
         raise ConfigError(
@@ -213,7 +215,8 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name") -> Non
             ) from None
         if not isinstance(row, dict):
             raise ConfigError(
-                f"{field}={str(path)!r}: line {number} is a JSON {type(row).__name__}, not an object (one row per line)."
+                f"{field}={str(path)!r}: line {number} is a JSON {type(row).__name__}, not an object (one row per "
+                "line)."
             )
 
 
@@ -244,7 +247,21 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
 # Rewards against the dataset
 
 
-def check_rewards(reward_names: list[str], reward_funcs: list, dataset, dataset_name: str, reward_weights=None) -> None:
+def resolve_reward_functions(names: list[str]) -> list:
+    """The reward functions named in ``reward_funcs`` (registered names or dotted paths)."""
+    from reward_fns import get_reward_function
+
+    if isinstance(names, str) or not names:
+        raise ConfigError(f"reward_funcs={names!r}: must be a non-empty list of reward function names.")
+    try:
+        return [get_reward_function(name) for name in names]
+    except ValueError as error:
+        raise ConfigError(f"reward_funcs={list(names)}: {error}") from None
+
+
+def check_rewards(
+    reward_names: list[str], reward_funcs: list, dataset, dataset_name: str, reward_weights=None
+) -> None:
     """Each reward function's declared columns (``register_reward(columns=...)``) exist in the dataset, and
     ``reward_weights`` has one weight per function."""
     from reward_fns import reward_columns

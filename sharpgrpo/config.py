@@ -213,7 +213,10 @@ class SharpGRPOConfig(GRPOConfig):
     def _validate(self) -> None:
         from sharpgrpo.strategies import STRATEGIES
 
-        strategy_classes = [STRATEGIES.get(name) for name in self.strategies]  # unknown names raise here
+        try:
+            strategy_classes = [STRATEGIES.get(name) for name in self.strategies]
+        except ValueError as error:  # an unknown name or a dotted path that does not import
+            raise ConfigError(f"strategies={self.strategies}: {error}") from None
         kinds = [getattr(cls, "kind", None) for cls in strategy_classes]
         for name, kind in zip(self.strategies, kinds, strict=True):
             if kind not in ("weight", "advantage"):
@@ -228,7 +231,9 @@ class SharpGRPOConfig(GRPOConfig):
                 f"{self.random_weight_high}."
             )
         if "passk_mixed" in self.strategies and not 1 <= self.passk_k <= self.num_generations:
-            raise ConfigError(f"passk_k={self.passk_k}: must be an integer in [1, num_generations={self.num_generations}].")
+            raise ConfigError(
+                f"passk_k={self.passk_k}: must be an integer in [1, num_generations={self.num_generations}]."
+            )
         if self.entropy_coef != 0.0 or getattr(self, "use_adaptive_entropy", False):
             raise ValueError(
                 "SharpGRPOTrainer does not implement TRL's entropy bonus (`entropy_coef`, `use_adaptive_entropy`); "

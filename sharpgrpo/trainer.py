@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+from sharpgrpo.validation import StrategyOutputChecker
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
@@ -130,6 +131,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             (s for s in strategies if s.kind == "weight"), None
         )
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
+        self._strategy_output_checker = StrategyOutputChecker(args.strategies)  # shape, finite, w > 0; names it
         self._last_rewards_per_func: torch.Tensor | None = None
         self._generation_count = 0
         refuse_vllm_request_seed(args)
@@ -253,7 +255,9 @@ class SharpGRPOTrainer(GRPOTrainer):
             )
             token_advantages = batch.advantages
             for strategy in self.advantage_strategies:
-                token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
+                result = strategy.token_advantages(replace(batch, advantages=token_advantages))
+                self._strategy_output_checker.advantages(strategy, result, batch)
+                token_advantages, metrics = result
                 for name, value in metrics.items():
                     self._metrics[mode][name].append(float(value))
                 if self.args.thr_debug_dump and getattr(strategy, "last_scores", None) is not None:
@@ -437,7 +441,10 @@ class SharpGRPOTrainer(GRPOTrainer):
 
         weights = None
         if self.weight_strategy is not None:
-            weights = self.weight_strategy.weights(per_token_logps.detach(), mask).detach()
+            weights = self.weight_strategy.weights(per_token_logps.detach(), mask)
+            step = self.state.global_step
+            self._strategy_output_checker.weights(self.weight_strategy, weights, per_token_logps, mask, step)
+            weights = weights.detach()
 
         if self.beta != 0.0:
             ref_logp_minus_logp = inputs["ref_per_token_logps"] - per_token_logps

@@ -3,7 +3,7 @@
 A rule says what values a field accepts (finite, a range with open or closed ends, an integer from some minimum, a
 set of choices, None or special values); a table maps field names to rules, so adding a field's check is one line::
 
-    RULES = {"sg_tau": positive(), "thr_p": between(-1, 1), "passk_k": integer(1), "cw_scope": one_of("group", "batch")}
+    RULES = {"sg_tau": positive(), "thr_p": between(-1, 1), "passk_k": integer(1), "cw_scope": one_of("group")}
     validate_fields(config, RULES)   # raises ConfigError("sg_tau=nan: must be a finite number > 0")
 
 ``SharpGRPOConfig.__post_init__`` checks its own table (``sharpgrpo.config.FIELD_RULES``) and TRL's
@@ -166,7 +166,7 @@ def validate_trl_fields(config: Any) -> None:
     weights = getattr(config, "reward_weights", None)
     if weights is not None:
         if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
-            raise ConfigError(f"reward_weights={weights!r}: must be a list of finite numbers, one per reward function.")
+            raise ConfigError(f"reward_weights={weights!r}: must be a list of finite numbers, one per reward.")
         for index, weight in enumerate(weights):
             number().check(f"reward_weights[{index}]", weight)
 
@@ -268,8 +268,9 @@ def parse_strategy_names(value: Any) -> list[str]:
     """``strategies`` as a list of names, from every form the YAML or the command line gives.
 
     Accepts one name (``grpo_sg``), a list (``[grpo_sg, cw_grpo]`` in YAML), a comma-separated string
-    (``--strategies grpo_sg,cw_grpo``; spaces also separate), a bracketed string (``--strategies '[grpo_sg, cw_grpo]'``) and what the shell
-    makes of those (``['[grpo_sg,', 'cw_grpo]']``). Anything else (a number, a mapping) is refused with one line.
+    (``--strategies grpo_sg,cw_grpo``; spaces also separate), a bracketed string
+    (``--strategies '[grpo_sg, cw_grpo]'``) and what the shell makes of those (``['[grpo_sg,', 'cw_grpo]']``).
+    Anything else (a number, a mapping) is refused with one line.
     """
     usage = "a strategy name, a list of names, or a comma-separated string such as grpo_sg,cw_grpo"
     if isinstance(value, str):
@@ -287,7 +288,9 @@ def parse_strategy_names(value: Any) -> list[str]:
     names = [name.strip("'\"") for name in re.split(r"[,\s]+", text)]
     names = [name for name in names if name]
     if not names:
-        raise ConfigError(f"strategies={value!r}: empty; give at least one strategy name (e.g. `equal` for plain GRPO).")
+        raise ConfigError(
+            f"strategies={value!r}: empty; give at least one strategy name (e.g. `equal` for plain GRPO)."
+        )
     if len(set(names)) != len(names):
         twice = sorted({name for name in names if names.count(name) > 1})
         raise ConfigError(f"strategies={names}: {', '.join(twice)} listed twice; list each strategy once.")
