@@ -239,3 +239,14 @@ def test_debug_flag_or_variable_keeps_the_traceback(monkeypatch, capsys):
     with pytest.raises(ConfigError):
         with one_line_errors(["train.py"]):
             raise ConfigError("sg_tau=nan: must be a finite number > 0")
+
+
+@pytest.mark.parametrize("text", ['{"log_history": [{"step": 1, "loss": 0.5}', "[1, 2]", "\x00\xff"])
+def test_plot_names_a_corrupt_trainer_state(tmp_path, text):
+    from sharpgrpo.plot import main as plot_main
+
+    state = tmp_path / "run" / "trainer_state.json"
+    state.parent.mkdir()
+    state.write_text(text)
+    with pytest.raises(ValueError, match=r"run/trainer_state\.json: not (valid JSON|a trainer state)"):
+        plot_main([str(state.parent), "--output", str(tmp_path / "plots")])
