@@ -59,7 +59,7 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
     register_demo()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
-    check_model_source(model_name)
+    check_model_source(model_name, revision=model_args.model_revision)
     reward_funcs = resolve_reward_functions(task.reward_funcs)
     train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
     check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)

@@ -73,7 +73,7 @@ def looks_like_local_path(name: str) -> bool:
     return "/" in name and Path(name).parent.is_dir()
 
 
-def check_model_source(name: str, field: str = "model_name_or_path") -> None:
+def check_model_source(name: str, field: str = "model_name_or_path", revision: str | None = None) -> None:
     """Refuse a model that is neither an existing model directory nor a possible Hub id, naming what is wrong."""
     from sharpgrpo.tiny import TINY_MODEL_NAME
 
@@ -99,7 +99,7 @@ def check_model_source(name: str, field: str = "model_name_or_path") -> None:
             f"{field}={name!r}: neither an existing directory nor a valid Hugging Face Hub id (org/name: letters, "
             "digits, '-', '_', '.')."
         )
-    if _offline() and not _in_hub_cache(name):
+    if _offline() and not _in_hub_cache(name, revision):
         raise ConfigError(
             f"{field}={name!r}: no such directory ({path.resolve()}), and offline (HF_HUB_OFFLINE=1) the Hub "
             "cache has no model of that id; give a local model directory or download it first."
@@ -110,10 +110,13 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
-def _in_hub_cache(repo_id: str) -> bool:
+def _in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
-    return any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in ("config.json", "adapter_config.json"))
+    return any(
+        isinstance(try_to_load_from_cache(repo_id, f, revision=revision), str)
+        for f in ("config.json", "adapter_config.json")
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

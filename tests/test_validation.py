@@ -55,6 +55,7 @@ BAD_CONFIGS = [
     (dict(thr_entropy_quantile=1.0), "thr_entropy_quantile", "must be a finite number in [0, 1)"),
     (dict(thr_chunk_size=0), "thr_chunk_size", "thr_chunk_size=0: must be an integer >= 1"),
     (dict(thr_vocab="partial"), "thr_vocab", "must be one of full, sampled"),
+    (dict(thr_debug_dump="no"), "thr_debug_dump", "thr_debug_dump='no': must be one of False, True"),
     (dict(passk_k=0), "passk_k", "passk_k=0: must be an integer >= 1"),
     (dict(passk_k=2.5), "passk_k", "passk_k=2.5: must be an integer >= 1"),
     (dict(strategies="passk_mixed", passk_k=9), "passk_k", "passk_k=9: must be an integer in [1, num_generations=8]"),
@@ -105,6 +106,18 @@ def test_bad_config_value_is_one_line_naming_the_field(tmp_path, kwargs, field, 
 def test_strategies_every_written_form(tmp_path, value):
     assert parse_strategy_names(value) == ["grpo_sg", "cw_grpo"]
     assert make(tmp_path, strategies=value).strategies == ["grpo_sg", "cw_grpo"]
+
+
+def test_every_field_of_ours_has_a_rule():
+    """A new SharpGRPOConfig field needs its line in FIELD_RULES (sharpgrpo/config.py)."""
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    from sharpgrpo.config import FIELD_RULES
+
+    ours = {f.name for f in fields(SharpGRPOConfig)} - {f.name for f in fields(GRPOConfig)} - {"strategies"}
+    assert sorted(ours - set(FIELD_RULES)) == []
 
 
 def test_rules_describe_their_range_and_accept_their_edges():
