@@ -67,10 +67,10 @@ class Rule:
             return value in self.choices
         if isinstance(value, bool) or not isinstance(value, Real):
             return False
-        if any(value == v and not isinstance(value, bool) for v in self.extra):
-            return True
         if self.integer and not isinstance(value, Integral):
             return False
+        if value in self.extra:
+            return True
         value = float(value)
         if not math.isfinite(value):
             return False
