@@ -5,21 +5,26 @@
 
 The YAML is flat: every field of `TaskArguments` (below), of `sharpgrpo.SharpGRPOConfig` (all of TRL's
 `GRPOConfig` plus the strategies) and of TRL's `ModelConfig` (model, dtype, LoRA), plus an optional `env:` block
-of environment variables. Command-line flags override the YAML (TRL's `TrlParser`).
+of environment variables. Command-line flags override the YAML (TRL's `TrlParser`). Every value and input is checked
+before a model loads; an error prints one line (`--debug` or `SHARPGRPO_DEBUG=1` for the full traceback).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from reward_fns import get_reward_function
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.data import load_train_dataset
+from sharpgrpo.cli_checks import (
+    check_model_source,
+    check_rewards,
+    load_checked_dataset,
+    one_line_errors,
+    resolve_reward_functions,
+)
 from sharpgrpo.demo import register_demo
 from sharpgrpo.tiny import resolve_model_name
 
@@ -52,16 +57,17 @@ class TaskArguments:
 
 def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
     register_demo()
-    model_path = resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny")
+    # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
+    model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
+    check_model_source(model_name, revision=model_args.model_revision)
+    reward_funcs = resolve_reward_functions(task.reward_funcs)
+    train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
+    check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
+
+    model_path = resolve_model_name(model_name)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-
-    dataset_kwargs = task.dataset_kwargs or {}
-    if isinstance(dataset_kwargs, str):
-        dataset_kwargs = json.loads(dataset_kwargs)
-    train_dataset = load_train_dataset(task.dataset_name, **dataset_kwargs)
-    reward_funcs = [get_reward_function(name) for name in task.reward_funcs]
 
     model_init_kwargs = dict(training_args.model_init_kwargs or {})
     if model_args.dtype is not None:
@@ -94,5 +100,6 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
 
 
 if __name__ == "__main__":
-    parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig))
-    main(*parser.parse_args_and_config())
+    with one_line_errors():  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
+        parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig))
+        main(*parser.parse_args_and_config())

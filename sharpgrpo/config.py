@@ -14,11 +14,56 @@ from trl import GRPOConfig
 from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES
 from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
+from sharpgrpo.validation import (
+    ConfigError,
+    between,
+    integer,
+    non_negative,
+    number,
+    one_of,
+    parse_strategy_names,
+    positive,
+    validate_fields,
+    validate_trl_fields,
+)
 
 WEIGHT_PLACEMENTS = ("ratio", "loss")
 KL_WEIGHTINGS = ("loss", "inside", "none")
 SUPPORTED_LOSS_TYPES = LOSS_TYPES  # all of TRL 1.16's
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
+
+# What each field of ours accepts (sharpgrpo.validation); a new field's check is one line here. Relations between
+# fields (sg_lower <= sg_upper, ...) are checked in `SharpGRPOConfig._validate`. TRL's fields: TRL_FIELD_RULES.
+FIELD_RULES = {
+    "weight_placement": one_of(*WEIGHT_PLACEMENTS),
+    "kl_weighting": one_of(*KL_WEIGHTINGS),
+    "loss_type": one_of(*SUPPORTED_LOSS_TYPES),
+    "importance_sampling_level": one_of(*IMPORTANCE_SAMPLING_LEVELS),
+    "sg_alpha": positive(),
+    "sg_mu": number(),
+    "sg_tau": positive(),
+    "sg_lower": positive(note="weights scale ratios"),
+    "sg_upper": positive(),
+    "random_weight_low": positive(),
+    "random_weight_high": positive(),
+    "random_weight_seed": integer(0, allow_none=True),
+    "ar_alpha": between(0, 1),
+    "cw_scope": one_of(*CW_SCOPES),
+    "cw_advantage_mean": one_of(*CW_ADVANTAGE_MEANS),
+    "cw_sigma_eps": non_negative(),
+    "thr_p": between(-1, 1),
+    "thr_beta": non_negative(),
+    "thr_entropy_quantile": between(0, 1, high_open=True),
+    "thr_vocab": one_of(*THR_VOCABS),
+    "thr_keep_below_threshold": one_of(False, True),
+    "thr_debug_dump": one_of(False, True),
+    "nthr_length_normalized": one_of(False, True),
+    "thr_chunk_size": integer(1),
+    "passk_k": integer(1),
+    "sharpness_probe_steps": integer(0),
+    "sharpness_rho": positive(),
+    "generation_capture": one_of(False, True),
+}
 
 
 @dataclass
@@ -192,67 +237,43 @@ class SharpGRPOConfig(GRPOConfig):
     sharpness_rho: float = field(default=0.05, metadata={"help": "Radius of the sharpness probe's ascent step."})
 
     def __post_init__(self):
+        # Every value first: TRL's own __post_init__ divides by some of them (num_generations, batch sizes).
+        self.strategies = parse_strategy_names(self.strategies)
+        validate_trl_fields(self)
+        validate_fields(self, FIELD_RULES)
         super().__post_init__()
-        if isinstance(self.strategies, str):
-            self.strategies = [name.strip() for name in self.strategies.split(",") if name.strip()]
-        self.strategies = list(self.strategies)
-        if not self.strategies:
-            raise ValueError("`strategies` is empty: give at least one strategy name (e.g. `equal` for plain GRPO).")
         self._validate()
 
     def _validate(self) -> None:
         from sharpgrpo.strategies import STRATEGIES
 
-        def choice(name: str, value: str, valid: tuple[str, ...]) -> None:
-            if value not in valid:
-                raise ValueError(f"`{name}` must be one of {', '.join(valid)}; got {value!r}.")
-
-        strategy_classes = [STRATEGIES.get(name) for name in self.strategies]  # unknown names raise here
+        try:
+            strategy_classes = [STRATEGIES.get(name) for name in self.strategies]
+        except ValueError as error:  # an unknown name or a dotted path that does not import
+            raise ConfigError(f"strategies={self.strategies}: {error}") from None
         kinds = [getattr(cls, "kind", None) for cls in strategy_classes]
         for name, kind in zip(self.strategies, kinds, strict=True):
             if kind not in ("weight", "advantage"):
                 raise ValueError(f"Strategy {name!r} has kind {kind!r}; expected 'weight' or 'advantage'.")
         if kinds.count("weight") > 1:
             raise ValueError(f"At most one token-weight strategy may be active; got {self.strategies}.")
-        if len(set(self.strategies)) != len(self.strategies):
-            raise ValueError(f"A strategy is listed twice: {self.strategies}.")
-        choice("weight_placement", self.weight_placement, WEIGHT_PLACEMENTS)
-        choice("kl_weighting", self.kl_weighting, KL_WEIGHTINGS)
-        choice("loss_type", self.loss_type, SUPPORTED_LOSS_TYPES)
-        choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-        choice("cw_scope", self.cw_scope, CW_SCOPES)
-        choice("cw_advantage_mean", self.cw_advantage_mean, CW_ADVANTAGE_MEANS)
-        choice("thr_vocab", self.thr_vocab, THR_VOCABS)
-        if self.sg_tau <= 0:
-            raise ValueError(f"`sg_tau` must be > 0; got {self.sg_tau}.")
-        if self.sg_alpha <= 0:
-            raise ValueError(f"`sg_alpha` must be > 0; got {self.sg_alpha}.")
         if self.sg_lower > self.sg_upper:
-            raise ValueError(f"`sg_lower` (L = {self.sg_lower}) must not exceed `sg_upper` (U = {self.sg_upper}).")
-        if self.sg_lower <= 0:
-            raise ValueError(f"`sg_lower` must be > 0 (weights scale ratios); got {self.sg_lower}.")
-        if not 0 < self.random_weight_low <= self.random_weight_high:
-            raise ValueError(
-                f"Need 0 < random_weight_low <= random_weight_high; got {self.random_weight_low}, "
+            raise ConfigError(f"sg_lower={self.sg_lower}: must not exceed sg_upper={self.sg_upper} (L <= U, Eq. 19).")
+        if self.random_weight_low > self.random_weight_high:
+            raise ConfigError(
+                f"random_weight_low={self.random_weight_low}: must not exceed random_weight_high="
                 f"{self.random_weight_high}."
             )
-        if not 0 <= self.ar_alpha <= 1:
-            raise ValueError(f"`ar_alpha` must lie in [0, 1]; got {self.ar_alpha}.")
-        if not 0 <= self.thr_entropy_quantile < 1:
-            raise ValueError(f"`thr_entropy_quantile` must lie in [0, 1); got {self.thr_entropy_quantile}.")
-        if self.sharpness_probe_steps < 0 or self.sharpness_rho <= 0:
-            raise ValueError("Need sharpness_probe_steps >= 0 and sharpness_rho > 0.")
-        if self.thr_chunk_size < 1:
-            raise ValueError(f"`thr_chunk_size` must be >= 1; got {self.thr_chunk_size}.")
         if "passk_mixed" in self.strategies and not 1 <= self.passk_k <= self.num_generations:
-            raise ValueError(f"`passk_k` must lie in [1, num_generations={self.num_generations}]; got {self.passk_k}.")
+            raise ConfigError(
+                f"passk_k={self.passk_k}: must be an integer in [1, num_generations={self.num_generations}]."
+            )
         ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
         if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
-            raise ValueError(
-                f"`weight_placement='ratio'` is not defined for `loss_type={self.loss_type!r}`: its surrogate weights "
-                "whole sequences by a function of the sequence's importance ratio, with no per-token ratio for the "
-                "token weight to scale. Set `weight_placement='loss'` (the weight multiplies each token's policy "
-                "term) or choose another `loss_type`."
+            raise ConfigError(
+                f"weight_placement=ratio: not defined for loss_type={self.loss_type} (its surrogate weights whole "
+                "sequences by the sequence's importance ratio, with no per-token ratio for the token weight to "
+                "scale); set weight_placement: loss or another loss_type."
             )
         if "grpo_sg" in self.strategies or "reverse" in self.strategies:
             self._warn_if_flat_weights()

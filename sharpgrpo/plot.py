@@ -248,4 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from sharpgrpo.cli_checks import one_line_errors
+
+    with one_line_errors():  # one line per error; --debug or SHARPGRPO_DEBUG=1 for the traceback
+        main()

@@ -34,6 +34,7 @@ from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
 from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 from sharpgrpo.strategies.probability_shaping import ARTokenAdvantages, ar_token_advantages
+from sharpgrpo.validation import StrategyOutputChecker
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
@@ -138,6 +139,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             (s for s in strategies if s.kind == "weight"), None
         )
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
+        self._strategy_output_checker = StrategyOutputChecker(args.strategies)  # shape, finite, w > 0; names it
         self._last_rewards_per_func: torch.Tensor | None = None
         self._last_answer_verdicts: torch.Tensor | None = None
         self._generation_count = 0
@@ -330,7 +332,9 @@ class SharpGRPOTrainer(GRPOTrainer):
             )
             token_advantages = batch.advantages
             for strategy in strategies:
-                token_advantages, metrics = strategy.token_advantages(replace(batch, advantages=token_advantages))
+                result = strategy.token_advantages(replace(batch, advantages=token_advantages))
+                self._strategy_output_checker.advantages(strategy, result, batch)
+                token_advantages, metrics = result
                 for name, value in metrics.items():
                     self._metrics[mode][name].append(float(value))
                 if self.args.thr_debug_dump and getattr(strategy, "last_scores", None) is not None:
@@ -530,7 +534,10 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.weight_strategy is not None:
             weights = getattr(self, "_pinned_weights", None)
             if weights is None:
-                weights = self.weight_strategy.weights(per_token_logps.detach(), mask).detach()
+                weights = self.weight_strategy.weights(per_token_logps.detach(), mask)
+                step = self.state.global_step
+                self._strategy_output_checker.weights(self.weight_strategy, weights, per_token_logps, mask, step)
+                weights = weights.detach()
                 if getattr(self, "_pin_next_weights", False):
                     self._pinned_weights, self._pin_next_weights = weights, False
 

@@ -32,12 +32,12 @@ def test_strategies_accept_string_list_and_comma_form(tmp_path):
         (dict(strategies=["grpo_sg", "reverse"]), "At most one token-weight strategy"),
         (dict(strategies=[]), "empty"),
         (dict(sg_lower=1.5, sg_upper=1.4), r"sg_lower.*must not exceed"),
-        (dict(sg_tau=0.0), "sg_tau` must be > 0"),
-        (dict(sg_tau=-1.0), "sg_tau` must be > 0"),
-        (dict(sg_alpha=0.0), "sg_alpha` must be > 0"),
-        (dict(weight_placement="inside"), "weight_placement` must be one of ratio, loss"),
-        (dict(kl_weighting="outside"), "kl_weighting` must be one of loss, inside, none"),
-        (dict(loss_type="ppo"), "loss_type` must be one of dapo, grpo, bnpo, dr_grpo, luspo, cispo, sapo, vespo"),
+        (dict(sg_tau=0.0), "sg_tau=0: must be a finite number > 0"),
+        (dict(sg_tau=-1.0), "sg_tau=-1: must be a finite number > 0"),
+        (dict(sg_alpha=0.0), "sg_alpha=0: must be a finite number > 0"),
+        (dict(weight_placement="inside"), "weight_placement='inside': must be one of ratio, loss"),
+        (dict(kl_weighting="outside"), "kl_weighting='outside': must be one of loss, inside, none"),
+        (dict(loss_type="ppo"), "loss_type='ppo': must be one of dapo, grpo, bnpo, dr_grpo, luspo, cispo, sapo, vespo"),
         (dict(importance_sampling_level="chunk"), "importance_sampling_level"),
         (dict(random_weight_low=1.5, random_weight_high=0.5), "random_weight_low"),
         (dict(cw_scope="everything"), "cw_scope"),
@@ -74,7 +74,7 @@ def test_every_trl_loss_type_and_the_entropy_bonus_are_accepted(tmp_path):
 @pytest.mark.parametrize("strategies", ["grpo_sg", "equal", "random", "reverse"])
 def test_ratio_placement_refused_for_vespo_naming_both_fields(tmp_path, strategies):
     """VESPO's gamma weight acts on a whole sequence's ratio: a token weight has no ratio to scale (README)."""
-    with pytest.raises(ValueError, match=r"`weight_placement='ratio'` is not defined for `loss_type='vespo'`"):
+    with pytest.raises(ValueError, match=r"weight_placement=ratio: not defined for loss_type=vespo"):
         make(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="ratio")
     assert make(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="loss").loss_type == "vespo"
     for loss_type in ("cispo", "sapo", "luspo"):  # these have a per-token (or GSPO sequence) ratio to weight

@@ -35,8 +35,14 @@ def find_trainer_state(run: str | Path) -> Path:
 
 def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     """The training log entries (those with a ``step``); evaluation entries (``eval_*``) are kept as logged."""
-    state = json.loads(find_trainer_state(run).read_text())
-    return [entry for entry in state.get("log_history", []) if "step" in entry]
+    path = find_trainer_state(run)
+    try:
+        state = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON, truncated or corrupt ({error}).") from None
+    if not isinstance(state, dict) or not isinstance(state.get("log_history", []), list):
+        raise ValueError(f"{path}: not a trainer state (expected a JSON object with a `log_history` list).")
+    return [entry for entry in state.get("log_history", []) if isinstance(entry, dict) and "step" in entry]
 
 
 def metric_series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

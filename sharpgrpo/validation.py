@@ -1,0 +1,297 @@
+"""One validation layer for configuration values: declarative per-field rules and one-line errors.
+
+A rule says what values a field accepts (finite, a range with open or closed ends, an integer from some minimum, a
+set of choices, None or special values); a table maps field names to rules, so adding a field's check is one line::
+
+    RULES = {"sg_tau": positive(), "thr_p": between(-1, 1), "passk_k": integer(1), "cw_scope": one_of("group")}
+    validate_fields(config, RULES)   # raises ConfigError("sg_tau=nan: must be a finite number > 0")
+
+``SharpGRPOConfig.__post_init__`` checks its own table (``sharpgrpo.config.FIELD_RULES``) and TRL's
+(:data:`TRL_FIELD_RULES`) before anything else, so a bad value fails before any model or dataset is loaded. Any
+other options dataclass (e.g. a task's) calls ``validate_fields(self, ITS_RULES)`` in its own ``__post_init__``.
+
+Strategy outputs are checked here too (:func:`check_token_weights`, :func:`check_token_advantages`): the trainer
+calls them once per step, so a user strategy returning NaN or a wrong shape fails with its name.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration or input value that is refused; the message is one line naming the field and the value."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one field accepts. Build rules with :func:`number`, :func:`positive`, :func:`non_negative`,
+    :func:`between`, :func:`integer` and :func:`one_of` rather than directly."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    choices: tuple[Any, ...] | None = None
+    allow_none: bool = False
+    extra: tuple[Any, ...] = ()  # values accepted besides the range (e.g. max_steps -1)
+    note: str = ""  # why, appended to the error
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            text = "one of " + ", ".join(str(c) for c in self.choices)
+        else:
+            text = "an integer" if self.integer else "a finite number"
+            if self.low is not None and self.high is not None:
+                left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+                text += f" in {left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
+            elif self.low is not None:
+                text += f" {'>' if self.low_open else '>='} {_fmt(self.low)}"
+            elif self.high is not None:
+                text += f" {'<' if self.high_open else '<='} {_fmt(self.high)}"
+        alternatives = [repr(v) for v in self.extra] + (["None"] if self.allow_none else [])
+        if alternatives:
+            text += " (or " + " or ".join(alternatives) + ")"
+        return text + (f"; {self.note}" if self.note else "")
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.allow_none
+        if self.choices is not None:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, Real):
+            return False
+        if self.integer and not isinstance(value, Integral):
+            return False
+        if value in self.extra:
+            return True
+        value = float(value)
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return False
+        return True
+
+    def check(self, name: str, value: Any) -> None:
+        if not self.accepts(value):
+            raise ConfigError(f"{name}={_fmt(value)}: must be {self.describe()}.")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def number(**kwargs) -> Rule:
+    """Any finite number."""
+    return Rule(**kwargs)
+
+
+def positive(**kwargs) -> Rule:
+    """A finite number > 0."""
+    return Rule(low=0.0, low_open=True, **kwargs)
+
+
+def non_negative(**kwargs) -> Rule:
+    """A finite number >= 0."""
+    return Rule(low=0.0, **kwargs)
+
+
+def between(low: float, high: float, low_open: bool = False, high_open: bool = False, **kwargs) -> Rule:
+    """A finite number in [low, high] (an end is excluded with ``low_open``/``high_open``)."""
+    return Rule(low=low, high=high, low_open=low_open, high_open=high_open, **kwargs)
+
+
+def integer(minimum: int = 0, maximum: int | None = None, **kwargs) -> Rule:
+    """An integer >= ``minimum`` (and <= ``maximum``)."""
+    return Rule(low=minimum, high=maximum, integer=True, **kwargs)
+
+
+def one_of(*choices: Any, **kwargs) -> Rule:
+    """One of the given values."""
+    return Rule(choices=tuple(choices), **kwargs)
+
+
+def validate_fields(obj: Any, rules: Mapping[str, Rule]) -> None:
+    """Check every field of ``obj`` named in ``rules`` (fields ``obj`` lacks are skipped); raise the first error."""
+    for name, rule in rules.items():
+        if hasattr(obj, name):
+            rule.check(name, getattr(obj, name))
+
+
+# TRL / transformers fields whose bad values would otherwise surface only after the model loads (or never).
+TRL_FIELD_RULES: dict[str, Rule] = {
+    "learning_rate": non_negative(),
+    "weight_decay": non_negative(),
+    "max_grad_norm": non_negative(allow_none=True),
+    "warmup_ratio": between(0, 1, allow_none=True),
+    "num_train_epochs": positive(),
+    "max_steps": integer(1, extra=(-1,), note="-1 trains for num_train_epochs"),
+    "per_device_train_batch_size": integer(1),
+    "gradient_accumulation_steps": integer(1),
+    "seed": integer(0),
+    "temperature": positive(),
+    "top_p": between(0, 1, low_open=True),
+    "top_k": integer(0, allow_none=True, note="0 disables top-k filtering"),
+    "min_p": between(0, 1, allow_none=True),
+    "repetition_penalty": positive(),
+    "max_completion_length": integer(1),
+    "max_prompt_length": integer(1, allow_none=True),
+    "num_generations": integer(2, note="GRPO compares completions within a group"),
+    "num_generations_eval": integer(1, allow_none=True),
+    "generation_batch_size": integer(1, allow_none=True),
+    "steps_per_generation": integer(1, allow_none=True),
+    "num_iterations": integer(1),
+    "beta": non_negative(),
+    "epsilon": non_negative(),
+    "epsilon_high": non_negative(allow_none=True),
+    "delta": positive(allow_none=True),
+    "top_entropy_quantile": between(0, 1),
+    "off_policy_mask_threshold": non_negative(allow_none=True),
+}
+
+
+def validate_trl_fields(config: Any) -> None:
+    """TRL's fields (:data:`TRL_FIELD_RULES`), with ``reward_weights`` checked element by element."""
+    validate_fields(config, TRL_FIELD_RULES)
+    weights = getattr(config, "reward_weights", None)
+    if weights is not None:
+        if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
+            raise ConfigError(f"reward_weights={weights!r}: must be a list of finite numbers, one per reward.")
+        for index, weight in enumerate(weights):
+            number().check(f"reward_weights[{index}]", weight)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Strategy outputs (checked by the trainer once per step)
+
+
+def configured_name(strategy: Any, strategy_names: list[str]) -> str:
+    """How the user named ``strategy`` in ``strategies`` (registered name or dotted path), with its class."""
+    from sharpgrpo.strategies import STRATEGIES
+
+    cls = type(strategy)
+    for name in strategy_names:
+        try:
+            if STRATEGIES.get(name) is cls:
+                return f"{name!r} ({cls.__module__}.{cls.__qualname__})"
+        except ValueError:
+            continue
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_shape(what: str, label: str, value: Any, expected_shape) -> None:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"Strategy {label} returned {what} of type {type(value).__name__}; expected a tensor.")
+    if tuple(value.shape) != tuple(expected_shape):
+        raise ValueError(
+            f"Strategy {label} returned {what} of shape {tuple(value.shape)}; expected {tuple(expected_shape)} "
+            "(one value per completion token)."
+        )
+
+
+def _check_values(what: str, label: str, value, mask, require_positive: bool) -> None:
+    import torch
+
+    finite = torch.isfinite(value)
+    if not bool(finite.all()):
+        where = tuple((~finite).nonzero()[0].tolist())
+        raise ValueError(
+            f"Strategy {label} returned {what} with {int((~finite).sum())} non-finite value(s) (e.g. "
+            f"{value[where].item()} at {where}); every value, padding included, must be finite."
+        )
+    if require_positive:
+        non_positive = (value <= 0) & mask.bool()
+        if bool(non_positive.any()):
+            where = tuple(non_positive.nonzero()[0].tolist())
+            raise ValueError(
+                f"Strategy {label} returned {what} with {int(non_positive.sum())} value(s) <= 0 on completion "
+                f"tokens (e.g. {value[where].item()} at {where}); token weights must be > 0."
+            )
+
+
+def check_token_weights(strategy: Any, strategy_names: list[str], weights: Any, logps, mask) -> None:
+    """A weight strategy's output: a tensor shaped like ``logps``, finite, > 0 on completion tokens."""
+    label = configured_name(strategy, strategy_names)
+    _check_shape("token weights", label, weights, logps.shape)
+    _check_values("token weights", label, weights, mask, require_positive=True)
+
+
+class StrategyOutputChecker:
+    """Checks strategy outputs for the trainer: token weights on the first micro-batch of each optimizer step (the
+    check synchronises with the device), advantages on every generation batch (once per generation)."""
+
+    def __init__(self, strategy_names: list[str]):
+        self.strategy_names = list(strategy_names)
+        self._weights_checked_at: int | None = None
+
+    def weights(self, strategy: Any, weights: Any, logps, mask, step: int) -> None:
+        # The shape on every micro-batch (free; a (B, 1) output would broadcast silently), the values once per step.
+        wrong_shape = getattr(weights, "shape", None) != logps.shape
+        if wrong_shape or step != self._weights_checked_at:
+            check_token_weights(strategy, self.strategy_names, weights, logps, mask)
+            self._weights_checked_at = step
+
+    def advantages(self, strategy: Any, output: Any, batch) -> None:
+        check_token_advantages(strategy, self.strategy_names, output, batch)
+
+
+def check_token_advantages(strategy: Any, strategy_names: list[str], output: Any, batch) -> None:
+    """An advantage strategy's output: ``(advantages, metrics)`` with advantages shaped like ``batch.advantages``
+    and finite."""
+    label = configured_name(strategy, strategy_names)
+    if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Mapping)):
+        raise ValueError(
+            f"Strategy {label} returned {type(output).__name__}; `token_advantages` must return "
+            "(advantages, metrics dict)."
+        )
+    _check_shape("token advantages", label, output[0], batch.advantages.shape)
+    _check_values("token advantages", label, output[0], batch.completion_mask, require_positive=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# `strategies`: the forms YAML and the command line produce
+
+
+def parse_strategy_names(value: Any) -> list[str]:
+    """``strategies`` as a list of names, from every form the YAML or the command line gives.
+
+    Accepts one name (``grpo_sg``), a list (``[grpo_sg, cw_grpo]`` in YAML), a comma-separated string
+    (``--strategies grpo_sg,cw_grpo``; spaces also separate), a bracketed string
+    (``--strategies '[grpo_sg, cw_grpo]'``) and what the shell makes of those (``['[grpo_sg,', 'cw_grpo]']``).
+    Anything else (a number, a mapping) is refused with one line.
+    """
+    usage = "a strategy name, a list of names, or a comma-separated string such as grpo_sg,cw_grpo"
+    if isinstance(value, str):
+        parts = [value]
+    elif isinstance(value, (list, tuple)):
+        bad = [item for item in value if not isinstance(item, str)]
+        if bad:
+            raise ConfigError(f"strategies={value!r}: {bad[0]!r} is not a strategy name; must be {usage}.")
+        parts = list(value)
+    else:
+        raise ConfigError(f"strategies={value!r}: must be {usage}.")
+    text = ",".join(parts).strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    names = [name.strip("'\"") for name in re.split(r"[,\s]+", text)]
+    names = [name for name in names if name]
+    if not names:
+        raise ConfigError(
+            f"strategies={value!r}: empty; give at least one strategy name (e.g. `equal` for plain GRPO)."
+        )
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ConfigError(f"strategies={names}: {', '.join(twice)} listed twice; list each strategy once.")
+    return names
