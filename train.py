@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
@@ -21,6 +22,13 @@ from reward_fns import get_reward_function
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.data import load_train_dataset
 from sharpgrpo.demo import register_demo
+from sharpgrpo.lifecycle import NonFiniteTrainingError, lifecycle_callback
+from sharpgrpo.run_output import (
+    CompletionsCallback,
+    QuietProgressCallback,
+    check_process_count,
+    training_summary,
+)
 from sharpgrpo.tiny import resolve_model_name
 
 
@@ -48,9 +56,25 @@ class TaskArguments:
         metadata={"help": "Reward functions by registered name (kk, math, qa_em, think_format, ...) or dotted path."},
     )
     plot: bool = field(default=True, metadata={"help": "Write training_curves.png into output_dir at the end."})
+    save_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Write each logged generation batch's prompts, completions, rewards and advantages to "
+            "output_dir/completions/completions_<step>.parquet (TRL's `log_completions` files, without its console "
+            "tables), as `python -m sharpgrpo.diagnostics.tokens --completions` reads them."
+        },
+    )
+    print_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "Print every logged metric dict (transformers' default). Off: the progress bar shows loss and "
+            "reward, and one summary line ends the run; every step's metrics are in trainer_state.json."
+        },
+    )
 
 
 def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
+    check_process_count()
     register_demo()
     model_path = resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
@@ -78,7 +102,21 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if task.save_completions:
+        trainer.add_callback(CompletionsCallback(trainer))
+    if not task.print_metrics:
+        QuietProgressCallback.install(trainer)
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    except NonFiniteTrainingError as error:
+        _save_logs_and_plot(trainer, task)
+        raise SystemExit(f"error: {error}") from None
+    stopper = lifecycle_callback(trainer)
+    if stopper is not None and stopper.stopped_by_signal:  # SIGINT/SIGTERM: checkpoint saved at the step's end
+        _save_logs_and_plot(trainer, task)
+        if trainer.is_world_process_zero():
+            print(training_summary(trainer, interrupted=True), file=sys.stderr)
+        raise SystemExit(128 + int(stopper.signal_received))
 
     trainer.save_model(training_args.output_dir)  # final weights (or adapters) + tokenizer + model card
     trainer.save_state()  # full log history in output_dir/trainer_state.json
@@ -90,7 +128,19 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
             plot_training_curves(training_args.output_dir, os.path.join(training_args.output_dir, "training_curves.png"))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=task.dataset_name)
+    if trainer.is_world_process_zero():
+        print(training_summary(trainer), file=sys.stderr)
     return trainer
+
+
+def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
+    """After a stop: every step's logs (output_dir/trainer_state.json) and the curves so far."""
+    trainer.save_state()
+    if trainer.is_world_process_zero() and task.plot and trainer.state.log_history:
+        from sharpgrpo.plot import plot_training_curves
+
+        output_dir = trainer.args.output_dir
+        plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
@@ -135,11 +136,19 @@ class SharpGRPOTrainer(GRPOTrainer):
         refuse_vllm_request_seed(args)
         super().__init__(model, reward_funcs, args, **kwargs)
         self._refuse_unsupported()
+        self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
         if self.use_vllm and self.vllm_mode == "colocate":
             self._seed_colocated_vllm()
         first_paper = next((STRATEGY_PAPERS[n] for n in args.strategies if n in STRATEGY_PAPERS), None)
         if first_paper is not None:
             self._paper = first_paper
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``; ``resume_from_checkpoint=True`` (or "true") takes the newest *complete* checkpoint
+        and a named one is checked for damaged files first (`sharpgrpo.lifecycle`)."""
+        resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        warn_if_off_boundary(resume_from_checkpoint, self.args)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _refuse_unsupported(self) -> None:
         """Combinations whose semantics the strategies would silently change are refused here, at construction."""
@@ -606,7 +615,14 @@ class SharpGRPOTrainer(GRPOTrainer):
                 stacklevel=2,
             )
             path = found[0]
-        state = torch.load(path, weights_only=False)
+        try:  # weights_only: never unpickle code from a checkpoint (tensors, numbers, strings, lists, dicts only)
+            state = torch.load(path, weights_only=True)
+        except Exception as error:
+            raise ValueError(
+                f"Cannot load the strategy state {path}: {type(error).__name__}: {str(error).splitlines()[0]}. "
+                "It is damaged, or a strategy's state_dict() holds objects other than tensors, numbers, strings, "
+                "lists and dicts (refused: loading them would run code)."
+            ) from None
         if "strategies" in state:
             self._generation_count = int(state.get("generation_count", self._generation_count))
             state = state["strategies"]
