@@ -102,6 +102,7 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+    trainer.base_model_name = model_args.model_name_or_path or "sharpgrpo-tiny"  # named on the model card
     if task.save_completions:
         trainer.add_callback(CompletionsCallback(trainer))
     if not task.print_metrics:

@@ -13,8 +13,8 @@
 * **Generation boundary.** TRL does not checkpoint its buffered generation batch, so a checkpoint whose step is not
   a multiple of the generation period resumes with a fresh batch where the uninterrupted run reused its buffer:
   resuming from one warns.
-* **Non-finite loss or gradient.** Before every optimizer step the gradients are checked (one fused reduction); a
-  NaN/inf stops training with :class:`NonFiniteTrainingError`, naming the step and the strategies, after saving the
+* **Non-finite loss or gradient.** Before every optimizer step the gradient norm is checked (the norm transformers
+  computes anyway; a NaN loss makes it NaN, an overflow infinite); a NaN/inf stops training with :class:`NonFiniteTrainingError`, naming the step and the strategies, after saving the
   weights and optimizer state from before that step as a checkpoint (so NaN weights are never saved as the last good
   state, and no completion is ever sampled from NaN weights).
 """
@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -247,17 +248,17 @@ class LifecycleCallback(TrainerCallback):
 
     # non-finite loss or gradient ----------------------------------------------------------------------------------
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        grads = [p.grad for p in self.trainer.model.parameters() if p.grad is not None]
-        if not grads:  # e.g. DeepSpeed keeps its own gradient partitions; `on_log` checks the logged norm instead
-            return control
-        # One host sync per step; DDP has already averaged the gradients, so every process reaches the same verdict.
-        if not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
-            self._stop_non_finite(state, "the loss or its gradient is NaN or infinite", weights_good=True)
+        # The gradient norm transformers has just computed (before clipping), read through the trainer's
+        # `_get_grad_norm`: a NaN loss gives NaN gradients, an overflow an infinite norm. The optimizer has not
+        # stepped yet, so the weights are still those after the previous step.
+        norm = getattr(self.trainer, "last_grad_norm", None)
+        if norm is not None and not math.isfinite(float(norm)):
+            self._stop_non_finite(state, f"the gradient norm is {float(norm)}", weights_good=True)
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        bad = {k: v for k, v in (logs or {}).items() if k in ("loss", "grad_norm") and isinstance(v, float)
-               and not torch.isfinite(torch.tensor(v))}  # fmt: skip
+        bad = {k: v for k, v in (logs or {}).items()
+               if k in ("loss", "grad_norm") and isinstance(v, float) and not math.isfinite(v)}  # fmt: skip
         if bad:
             self._stop_non_finite(state, f"logged {bad}", weights_good=False)
         return control
