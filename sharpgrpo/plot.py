@@ -248,4 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as error:  # a missing or damaged input file: one line naming it
+        raise SystemExit(f"error: {error}") from None

@@ -35,7 +35,13 @@ def find_trainer_state(run: str | Path) -> Path:
 
 def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     """The training log entries (those with a ``step``); evaluation entries (``eval_*``) are kept as logged."""
-    state = json.loads(find_trainer_state(run).read_text())
+    path = find_trainer_state(run)
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): the file is damaged or was cut short.") from None
+    if not isinstance(state, dict) or not isinstance(state.get("log_history", []), list):
+        raise ValueError(f"{path} is not a trainer state (no `log_history` list).")
     return [entry for entry in state.get("log_history", []) if "step" in entry]
 
 
