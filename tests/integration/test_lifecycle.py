@@ -113,6 +113,45 @@ def test_sigterm_saves_and_resume_true_continues_like_the_uninterrupted_run(runs
     assert runs["plotted"]
 
 
+def test_the_run_leaves_completions_a_card_and_a_summary(runs):
+    """The demo config writes each step's completions (the token analysis reads them), a model card naming the real
+    base model without a fake dataset link and with BibTeX citations, and ends with one summary line."""
+    from sharpgrpo.diagnostics.tokens import read_logged_completions
+
+    full = runs["full"]
+    assert len(list((full / "completions").glob("completions_*.parquet"))) == STEPS
+    prompts, completions = read_logged_completions(full / "completions")
+    assert len(prompts) == len(completions) == STEPS * 16  # per_device_train_batch_size rows per generation batch
+    assert all(isinstance(c, str) for c in completions) and str(prompts[0]).startswith("letters: ")
+    card = (full / "README.md").read_text()
+    assert "fine-tuned version of `sharpgrpo-tiny` on the `demo` dataset" in card
+    assert "None" not in card and "huggingface.co/datasets/demo" not in card
+    assert "@misc{sharpgrpo_grpo_sg," in card and "title = {{Sharpness-Guided" in card
+
+
+def test_token_analysis_fails_before_loading_the_model_without_completions(tmp_path):
+    from sharpgrpo.diagnostics.tokens import main as tokens_main
+
+    (tmp_path / "completions").mkdir()
+    with pytest.raises(FileNotFoundError, match="save_completions: true"):  # not the missing model's error
+        tokens_main(["--model", str(tmp_path / "no-model"), "--completions", str(tmp_path / "completions"),
+                     "--output", str(tmp_path / "tokens")])  # fmt: skip
+
+
+def test_accelerate_launch_that_starts_one_of_two_processes_is_refused(tmp_path):
+    """On a machine without GPUs `accelerate launch --num_processes 2` (no config file, no --multi_gpu) runs ONE
+    process; train.py's first check refuses it, naming the working command."""
+    script = tmp_path / "check.py"
+    script.write_text("from sharpgrpo.run_output import check_process_count\ncheck_process_count()\nprint('ran')\n")
+    if torch.cuda.device_count() > 1:
+        pytest.skip("several GPUs: accelerate launches several processes here")
+    launched = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
+                               "--mixed_precision", "no", str(script)], env=environment(), capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+    assert launched.returncode != 0 and "ran" not in launched.stdout
+    assert "started ONE process" in launched.stderr and "--multi_gpu --num_processes 2" in launched.stderr
+
+
 def test_resume_skips_incomplete_and_names_damaged_files(runs, tmp_path):
     source = runs["full"]
     folder = tmp_path / "run"
