@@ -181,6 +181,23 @@ def test_resume_skips_incomplete_and_names_damaged_files(runs, tmp_path):
         resolve_resume_checkpoint(True, str(tmp_path / "empty"))
 
 
+def test_resuming_off_a_generation_boundary_warns(runs):
+    """TRL regenerates every steps_per_generation * num_iterations micro-steps; checkpoint-2 of a run generating every
+    4 steps resumes mid-buffer (warned), of one generating every 2 steps at a boundary (silent)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from sharpgrpo.lifecycle import warn_if_off_boundary
+
+    checkpoint = str(runs["full"] / "checkpoint-2")
+    every = lambda n: SimpleNamespace(steps_per_generation=n, gradient_accumulation_steps=1, num_iterations=1)  # noqa: E731
+    with pytest.warns(UserWarning, match="step 2.*not at a generation boundary"):
+        warn_if_off_boundary(checkpoint, every(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_off_boundary(checkpoint, every(2))
+
+
 def test_strategy_state_loads_with_weights_only(tmp_path):
     """The `random` strategy's generator state (a uint8 tensor), ints and dicts round-trip under weights_only=True,
     and the generator continues the same stream."""
