@@ -8,8 +8,8 @@
 * **Complete checkpoints only.** Each checkpoint gets a marker file (:data:`COMPLETE_MARKER`) after every process
   has written its files; ``resume_from_checkpoint=True`` (CLI ``--resume_from_checkpoint true``) picks the newest
   checkpoint with the marker, skips (and names) newer ones without it (a run killed while saving), and says which
-  one it uses. A named checkpoint is checked first: a truncated ``trainer_state.json`` or ``*.safetensors`` file is
-  reported by name before the model loads.
+  one it uses. A named checkpoint is checked first: a truncated ``trainer_state.json``, ``*.safetensors`` or
+  ``torch.save`` file (optimizer, scheduler, random and strategy states) is reported by name before the model loads.
 * **Generation boundary.** TRL does not checkpoint its buffered generation batch, so a checkpoint whose step is not
   a multiple of the generation period resumes with a fresh batch where the uninterrupted run reused its buffer:
   resuming from one warns.
@@ -30,6 +30,7 @@ import struct
 import sys
 import threading
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,18 @@ def check_checkpoint(checkpoint: str | os.PathLike) -> dict:
     state = check_trainer_state(checkpoint / "trainer_state.json")
     for file in sorted(checkpoint.glob("*.safetensors")):
         check_safetensors(file)
+    for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
+        check_torch_file(file)
     return state
+
+
+def check_torch_file(path: Path) -> None:
+    """``torch.save`` writes a zip archive whose directory is at its end: a file cut short has none."""
+    try:
+        with zipfile.ZipFile(path):
+            pass
+    except (zipfile.BadZipFile, OSError) as error:
+        raise CheckpointError(f"{path} is damaged or was cut short ({error}).") from None
 
 
 def checkpoint_folders(output_dir: str | os.PathLike) -> list[Path]:

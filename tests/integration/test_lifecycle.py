@@ -173,6 +173,10 @@ def test_resume_skips_incomplete_and_names_damaged_files(runs, tmp_path):
     assert best == folder / "checkpoint-4" and any("checkpoint-8" in s and "truncated" in s for s in skipped)
     with pytest.raises(CheckpointError, match="model.safetensors is truncated"):
         resolve_resume_checkpoint(str(damaged), str(folder))
+    optimizer = folder / "checkpoint-4" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="optimizer.pt is damaged or was cut short"):
+        check_checkpoint(folder / "checkpoint-4")
     state = damaged / "trainer_state.json"
     state.write_text(state.read_text()[:100])
     with pytest.raises(CheckpointError, match="trainer_state.json is not valid JSON"):
