@@ -22,7 +22,7 @@ from reward_fns import get_reward_function
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.data import load_train_dataset
 from sharpgrpo.demo import register_demo
-from sharpgrpo.lifecycle import NonFiniteTrainingError, lifecycle_callback
+from sharpgrpo.lifecycle import CheckpointError, NonFiniteTrainingError, lifecycle_callback, resolve_resume_checkpoint
 from sharpgrpo.run_output import (
     CompletionsCallback,
     QuietProgressCallback,
@@ -75,6 +75,12 @@ class TaskArguments:
 
 def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
     check_process_count()
+    try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
+        training_args.resume_from_checkpoint = resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir
+        )
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
     register_demo()
     model_path = resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)

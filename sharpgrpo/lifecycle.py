@@ -138,7 +138,7 @@ def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
     """The checkpoint ``train(resume_from_checkpoint=value)`` should load, checked, or None.
 
     ``True`` / ``"true"``: the newest complete checkpoint of ``output_dir``; ``False`` / ``None`` / ``"false"``:
-    none; a path: that checkpoint, after checking its files. Says on stderr which checkpoint is used."""
+    none; a path: that checkpoint, after checking its files. For ``True`` it says on stderr which one it chose."""
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "none", ""):
         value = value.strip().lower() == "true"
     if value is None or value is False:
@@ -162,7 +162,6 @@ def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
             "saving it; its files look intact, resuming from it.",
             stacklevel=2,
         )
-    print(f"[sharpgrpo] resuming from {checkpoint}", file=sys.stderr)
     return str(checkpoint)
 
 

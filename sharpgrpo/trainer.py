@@ -659,7 +659,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             path = found[0]
         try:  # weights_only: never unpickle code from a checkpoint (tensors, numbers, strings, lists, dicts only)
             state = torch.load(path, weights_only=True)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - damaged file or a refused type: reported with the path
             raise ValueError(
                 f"Cannot load the strategy state {path}: {type(error).__name__}: {str(error).splitlines()[0]}. "
                 "It is damaged, or a strategy's state_dict() holds objects other than tensors, numbers, strings, "

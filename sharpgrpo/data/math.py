@@ -110,7 +110,7 @@ def load_math_hub(name: str, where: str = "") -> list[dict[str, Any]]:
     hub_id, split = MATH_EVAL_HUB[name]
     try:
         rows = datasets.load_dataset(hub_id, split=split)
-    except Exception as error:  # offline, no network, or the Hub refused
+    except Exception as error:  # noqa: BLE001 - offline, no network, or the Hub refused: all end here
         raise FileNotFoundError(
             f"The math evaluation set {name!r} is not in the shared data folder, and loading it from the Hub as "
             f"{hub_id!r} (split {split!r}) failed ({type(error).__name__}: {str(error).splitlines()[0][:200]}). "

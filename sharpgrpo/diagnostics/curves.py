@@ -41,7 +41,7 @@ def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}): the file is damaged or was cut short.") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history", []), list):
-        raise ValueError(f"{path} is not a trainer state (no `log_history` list).")
+        raise ValueError(f"{path} is not a trainer state (no `log_history` list).")  # noqa: TRY004 - a bad file
     return [entry for entry in state.get("log_history", []) if "step" in entry]
 
 

@@ -22,8 +22,8 @@ def model_copy(tiny_model_path, folder, max_position_embeddings=None):
 
 def test_budget_from_the_run_then_papers_then_capped(tiny_model_path, tmp_path):
     run = model_copy(tiny_model_path, tmp_path / "run", max_position_embeddings=512)
-    assert default_max_new_tokens(str(run)) == (512, f"the papers' {PAPERS_MAX_NEW_TOKENS}, capped at the model's "
-                                                "max_position_embeddings")  # fmt: skip
+    expected = f"the papers' {PAPERS_MAX_NEW_TOKENS}, capped at the model's max_position_embeddings"
+    assert default_max_new_tokens(str(run)) == (512, expected)
     (run / "training_args.json").write_text(json.dumps({"max_completion_length": 7}))
     assert default_max_new_tokens(str(run))[0] == 7
     checkpoint = model_copy(tiny_model_path, run / "checkpoint-2", max_position_embeddings=512)

@@ -67,7 +67,7 @@ def step_logs(output_dir: Path) -> dict[int, dict]:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lifecycle")
     full = subprocess.run(train_command(root / "full"), env=environment(), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300, check=False)  # fmt: skip
     assert full.returncode == 0, full.stderr[-3000:]
 
     interrupted = root / "interrupted"
@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
     plotted = (interrupted / "training_curves.png").is_file()
 
     resumed = subprocess.run(train_command(interrupted, "--resume_from_checkpoint", "true"), env=environment(),
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     return {"full": root / "full", "interrupted": interrupted, "code": process.returncode,
             "stopped_err": stopped_err, "stop": stop,
             "plotted": plotted, "resumed": resumed}  # fmt: skip
@@ -147,7 +147,7 @@ def test_accelerate_launch_that_starts_one_of_two_processes_is_refused(tmp_path)
         pytest.skip("several GPUs: accelerate launches several processes here")
     launched = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
                                "--mixed_precision", "no", str(script)], env=environment(), capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+                              text=True, timeout=120, check=False)  # fmt: skip
     assert launched.returncode != 0 and "ran" not in launched.stdout
     assert "started ONE process" in launched.stderr and "--multi_gpu --num_processes 2" in launched.stderr
 
@@ -194,7 +194,7 @@ def test_resuming_off_a_generation_boundary_warns(runs):
     from sharpgrpo.lifecycle import warn_if_off_boundary
 
     checkpoint = str(runs["full"] / "checkpoint-2")
-    every = lambda n: SimpleNamespace(steps_per_generation=n, gradient_accumulation_steps=1, num_iterations=1)  # noqa: E731
+    every = lambda n: SimpleNamespace(steps_per_generation=n, gradient_accumulation_steps=1, num_iterations=1)
     with pytest.warns(UserWarning, match="step 2.*not at a generation boundary"):
         warn_if_off_boundary(checkpoint, every(4))
     with warnings.catch_warnings():
