@@ -245,7 +245,14 @@ class LifecycleCallback(TrainerCallback):
         self._previous_handlers.clear()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.signal_received is not None and at_generation_boundary(state.global_step, args):
+        if not at_generation_boundary(state.global_step, args):
+            return control
+        signum = self.signal_received or 0
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes > 1:  # the processes get the signal at different moments: stop together
+            signum = int(accelerator.gather(torch.tensor([signum], device=accelerator.device)).max())
+        if signum:
+            self.signal_received = signum
             control.should_save = True
             control.should_training_stop = True
             self.stopped_by_signal = True
