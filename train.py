@@ -12,6 +12,7 @@ before a model loads; an error prints one line (`--debug` or `SHARPGRPO_DEBUG=1`
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
@@ -26,6 +27,13 @@ from sharpgrpo.cli_checks import (
     resolve_reward_functions,
 )
 from sharpgrpo.demo import register_demo
+from sharpgrpo.lifecycle import CheckpointError, NonFiniteTrainingError, lifecycle_callback, resolve_resume_checkpoint
+from sharpgrpo.run_output import (
+    CompletionsCallback,
+    QuietProgressCallback,
+    check_process_count,
+    training_summary,
+)
 from sharpgrpo.tiny import resolve_model_name
 
 
@@ -53,9 +61,31 @@ class TaskArguments:
         metadata={"help": "Reward functions by registered name (kk, math, qa_em, think_format, ...) or dotted path."},
     )
     plot: bool = field(default=True, metadata={"help": "Write training_curves.png into output_dir at the end."})
+    save_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Write each logged generation batch's prompts, completions, rewards and advantages to "
+            "output_dir/completions/completions_<step>.parquet (TRL's `log_completions` files, without its console "
+            "tables), as `python -m sharpgrpo.diagnostics.tokens --completions` reads them."
+        },
+    )
+    print_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "Print every logged metric dict (transformers' default). Off: the progress bar shows loss and "
+            "reward, and one summary line ends the run; every step's metrics are in trainer_state.json."
+        },
+    )
 
 
 def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
+    check_process_count()
+    try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
+        training_args.resume_from_checkpoint = resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir
+        )
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
     register_demo()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
@@ -84,7 +114,22 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.base_model_name = model_args.model_name_or_path or "sharpgrpo-tiny"  # named on the model card
+    if task.save_completions:
+        trainer.add_callback(CompletionsCallback(trainer))
+    if not task.print_metrics:
+        QuietProgressCallback.install(trainer)
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    except NonFiniteTrainingError as error:
+        _save_logs_and_plot(trainer, task)
+        raise SystemExit(f"error: {error}") from None
+    stopper = lifecycle_callback(trainer)
+    if stopper is not None and stopper.stopped_by_signal:  # SIGINT/SIGTERM: checkpoint saved at the step's end
+        _save_logs_and_plot(trainer, task)
+        if trainer.is_world_process_zero():
+            print(training_summary(trainer, interrupted=True), file=sys.stderr)
+        raise SystemExit(128 + int(stopper.signal_received))
 
     trainer.save_model(training_args.output_dir)  # final weights (or adapters) + tokenizer + model card
     trainer.save_state()  # full log history in output_dir/trainer_state.json
@@ -96,7 +141,19 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
             plot_training_curves(training_args.output_dir, os.path.join(training_args.output_dir, "training_curves.png"))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=task.dataset_name)
+    if trainer.is_world_process_zero():
+        print(training_summary(trainer), file=sys.stderr)
     return trainer
+
+
+def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
+    """After a stop: every step's logs (output_dir/trainer_state.json) and the curves so far."""
+    trainer.save_state()
+    if trainer.is_world_process_zero() and task.plot and trainer.state.log_history:
+        from sharpgrpo.plot import plot_training_curves
+
+        output_dir = trainer.args.output_dir
+        plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
 
 
 if __name__ == "__main__":

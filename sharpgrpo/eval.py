@@ -30,4 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as error:  # missing data or model files, refused settings: one line
+        raise SystemExit(f"error: {error}") from None

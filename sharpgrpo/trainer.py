@@ -32,6 +32,7 @@ from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.correctness import answer_verdicts, correct_completions
 from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
 from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
+from sharpgrpo.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 from sharpgrpo.strategies.probability_shaping import ARTokenAdvantages, ar_token_advantages
 from sharpgrpo.validation import StrategyOutputChecker
@@ -84,6 +85,43 @@ STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _is_hub_id(name: str | None) -> bool:
+    return bool(name) and name.count("/") == 1 and not os.path.exists(name) and not name.startswith((".", "/"))
+
+
+def strategies_bibtex(strategies) -> str:
+    """One ``@misc`` BibTeX entry per distinct paper of the named strategies (arXiv fields where known)."""
+    entries, seen = [], set()
+    for name in strategies:
+        paper = STRATEGY_PAPERS.get(name)
+        if paper is None or paper["title"] in seen:
+            continue
+        seen.add(paper["title"])
+        fields = [f"  title = {{{{{paper['title']}}}}}", f"  note = {{{paper['citation']}}}"]
+        if "id" in paper:
+            fields += [f"  eprint = {{{paper['id']}}}", "  archivePrefix = {arXiv}"]
+        entries.append(f"@misc{{sharpgrpo_{name},\n" + ",\n".join(fields) + "\n}")
+    return "\n\n".join(entries)
+
+
+def fix_card_links(text: str, base_model, dataset_name, hub_model_id, output_dir) -> str:
+    """Replace TRL's "None" base model and repository and its Hub link for a dataset that is not on the Hub."""
+    base = f"[{base_model}](https://huggingface.co/{base_model})" if _is_hub_id(base_model) else f"`{base_model}`"
+    if base_model:
+        text = text.replace("[None](https://huggingface.co/None)", base)
+        text = text.replace("model_name: ", f"base_model: {base_model}\nmodel_name: ", 1) if _is_hub_id(base_model) else text
+    else:
+        text = text.replace("a fine-tuned version of [None](https://huggingface.co/None)", "a fine-tuned model")
+    if dataset_name and not _is_hub_id(dataset_name):
+        text = text.replace(f"[{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset",
+                            f"`{dataset_name}` dataset")  # fmt: skip
+        text = text.replace(f"datasets: {dataset_name}\n", "")
+    if not hub_model_id:
+        local = output_dir if not os.path.isabs(output_dir) else os.path.basename(os.path.normpath(output_dir))
+        text = text.replace('model="None"', f'model="{local}"')
+    return text
+
+
 def colocated_vllm_seed(seed: int, process_index: int, tensor_parallel_size: int = 1) -> int:
     """Seed of a process's colocated vLLM sampling: the training seed plus the process's tensor-parallel group.
 
@@ -127,6 +165,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "sharpgrpo"]
+    base_model_name: str | None = None  # the model card's base model where TRL sees only a local folder
     _name = "SharpGRPO"
 
     def __init__(self, model, reward_funcs=None, args: SharpGRPOConfig | None = None, **kwargs):
@@ -147,11 +186,23 @@ class SharpGRPOTrainer(GRPOTrainer):
         refuse_vllm_request_seed(args)
         super().__init__(model, reward_funcs, args, **kwargs)
         self._refuse_unsupported()
+        self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
         if self.use_vllm and self.vllm_mode == "colocate":
             self._seed_colocated_vllm()
         first_paper = next((STRATEGY_PAPERS[n] for n in args.strategies if n in STRATEGY_PAPERS), None)
         if first_paper is not None:
             self._paper = first_paper
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``; ``resume_from_checkpoint=True`` (or "true") takes the newest *complete* checkpoint
+        and a named one is checked for damaged files first (`sharpgrpo.lifecycle`)."""
+        resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        warn_if_off_boundary(resume_from_checkpoint, self.args)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        self.last_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)  # checked by LifecycleCallback
+        return self.last_grad_norm
 
     def _refuse_unsupported(self) -> None:
         """Combinations whose semantics the strategies would silently change are refused here, at construction."""
@@ -782,32 +833,48 @@ class SharpGRPOTrainer(GRPOTrainer):
                 stacklevel=2,
             )
             path = found[0]
-        state = torch.load(path, weights_only=False)
+        try:  # weights_only: never unpickle code from a checkpoint (tensors, numbers, strings, lists, dicts only)
+            state = torch.load(path, weights_only=True)
+        except Exception as error:  # noqa: BLE001 - damaged file or a refused type: reported with the path
+            raise ValueError(
+                f"Cannot load the strategy state {path}: {type(error).__name__}: {str(error).splitlines()[0]}. "
+                "It is damaged, or a strategy's state_dict() holds objects other than tensors, numbers, strings, "
+                "lists and dicts (refused: loading them would run code)."
+            ) from None
         if "strategies" in state:
             self._generation_count = int(state.get("generation_count", self._generation_count))
             state = state["strategies"]
         self.load_strategy_state(state)
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, base_model: str | None = None):
         """TRL's model card, plus a section naming the strategies, their parameters and papers.
 
         Before the Hub repository exists (``push_to_hub=False``, or offline) TRL's card says "None" for the model
         name and repository; here they default to ``hub_model_id`` (else the output folder's name), as TRL's own
-        checkpoint cards do."""
+        checkpoint cards do. ``base_model`` (e.g. ``train.py``'s ``model_name_or_path``) names the base model where
+        TRL sees only a local folder; only hub ids are linked, and a local or registered dataset name is not
+        linked to the Hub. The citation block holds BibTeX entries of the strategies' papers."""
         if model_name is None:
             model_name = self.args.hub_model_id or os.path.basename(os.path.normpath(self.args.output_dir))
             model_name = model_name.split("/")[-1]
         created_repo_id = self.hub_model_id
         self.hub_model_id = created_repo_id or self.args.hub_model_id  # only for the card: push_to_hub still creates
+        paper = self._paper
+        self._paper = {**paper, "citation": strategies_bibtex(self.args.strategies) or paper.get("citation")}
         try:
             super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         finally:
             self.hub_model_id = created_repo_id
+            self._paper = paper
         if not self.is_world_process_zero():
             return
         path = os.path.join(self.args.output_dir, "README.md")
-        with open(path, "a", encoding="utf-8") as card:
-            card.write("\n" + self.strategy_card_section())
+        with open(path, encoding="utf-8") as card:
+            text = card.read()
+        text = fix_card_links(text, base_model or self.base_model_name, dataset_name, self.hub_model_id or self.args.hub_model_id,
+                              self.args.output_dir)  # fmt: skip
+        with open(path, "w", encoding="utf-8") as card:
+            card.write(text + "\n" + self.strategy_card_section())
 
     def strategy_card_section(self) -> str:
         """Markdown: each configured strategy with its parameters and the paper it implements."""

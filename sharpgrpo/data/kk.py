@@ -402,17 +402,23 @@ def load_kk_file(path: str | Path, prompt_format: str = "chat_string") -> list[d
 
 def shared_kk_path(n_people: int, source: str = "regen") -> Path:
     """Path of a shared K&K file; FileNotFoundError where the shared data or that file is absent."""
-    directory = shared_data_dir("kk")
-    if directory is None:
-        raise FileNotFoundError(
-            "The shared K&K data (shared/data/kk) is not available; set $SHARPGRPO_SHARED_DIR to the shared folder."
-        )
     file_names = {"regen": f"kk_test_regen_{n_people}ppl.jsonl", "logicrl": f"logicrl_test_{n_people}ppl.jsonl"}
     if source not in file_names:
         raise ValueError(f"Unknown K&K source {source!r}; valid: regen, logicrl.")
-    path = directory / file_names[source]
-    if not path.is_file():
-        raise FileNotFoundError(f"No shared K&K file for {n_people} people from source {source!r} ({path.name}).")
+    directory = shared_data_dir("kk")
+    path = None if directory is None else directory / file_names[source]
+    if path is None or not path.is_file():
+        origin = (
+            f"Logic-RL data/kk/instruct/{n_people}ppl/test.parquet, one JSON object per row"
+            if source == "logicrl"
+            else "the shared K&K regeneration (shared/data/kk/SOURCES.md)"
+        )
+        raise FileNotFoundError(
+            f"The shared K&K file {file_names[source]} ({origin}) is not available: put it into "
+            "$SHARPGRPO_SHARED_DIR/data/kk/ or shared/data/kk/ beside the repository checkout. Without it, the "
+            "`kk` dataset and `python -m sharpgrpo.eval --task kk` (no --data) use the seeded generator, and "
+            "`--data K-and-K/knights-and-knaves` reads the public puzzles from the Hub."
+        )
     return path
 
 

@@ -37,6 +37,26 @@ MATH_EVAL_SETS = {
 }
 
 
+# Where the shared data is absent (a user's clone): the same problems from public Hugging Face datasets, loaded with
+# `datasets.load_dataset(hub_id, split=split)` (columns `problem`, `answer`). Minerva and OlympiadBench have no
+# fallback: their DeepScaleR files must be put in place (see `load_math_eval`).
+MATH_EVAL_HUB = {
+    "math500": ("HuggingFaceH4/MATH-500", "test"),
+    "aime24": ("HuggingFaceH4/aime_2024", "train"),
+    "amc": ("AI-MO/aimo-validation-amc", "train"),
+}
+# The provenance of each shared file (shared/data/math/SOURCES.md), for the message that says where to put it.
+MATH_EVAL_SOURCES = {
+    "math500": "HuggingFaceH4/MATH-500 in verl format (AR-Lopti data/math/MATH-500.parquet)",
+    "aime24": "AR-Lopti data/deepscaler/aime.parquet",
+    "amc": "AR-Lopti data/deepscaler/amc.parquet",
+    "minerva": "AR-Lopti data/deepscaler/minerva.parquet",
+    "olympiad_bench": "AR-Lopti data/deepscaler/olympiad_bench.parquet",
+    "aime_2021_2024": "Logic-RL math_eval/aime_2021_2024.jsonl",
+    "amc_logicrl": "Logic-RL math_eval/amc.jsonl",
+}
+
+
 def math_prompt(problem: str) -> str:
     """``{problem} Let's think step by step and output the final answer within \\boxed{}.``"""
     return problem + MATH_PROMPT_SUFFIX
@@ -65,17 +85,41 @@ def load_math_file(path: str | Path, file_format: str = "verl") -> list[dict[str
 def load_math_eval(name: str) -> list[dict[str, Any]]:
     """A shared math evaluation set: math500, aime24, amc, minerva, olympiad_bench (also aime_2021_2024, amc_logicrl).
 
-    Raises FileNotFoundError where the shared data is absent.
+    Read from the shared data folder; where it is absent, math500, aime24 and amc come from their public Hub
+    datasets (:data:`MATH_EVAL_HUB`); otherwise FileNotFoundError says which file to put where.
     """
     if name not in MATH_EVAL_SETS:
         raise ValueError(f"Unknown math evaluation set {name!r}; valid: {', '.join(MATH_EVAL_SETS)}.")
-    directory = shared_data_dir("math")
-    if directory is None:
-        raise FileNotFoundError(
-            "The shared math data (shared/data/math) is not available; set $SHARPGRPO_SHARED_DIR to the shared folder."
-        )
     file_name, file_format = MATH_EVAL_SETS[name]
-    return load_math_file(directory / file_name, file_format)
+    directory = shared_data_dir("math")
+    if directory is not None and (directory / file_name).is_file():
+        return load_math_file(directory / file_name, file_format)
+    where = (
+        f"put {file_name} (one JSON object per line; source: {MATH_EVAL_SOURCES[name]}) into "
+        "$SHARPGRPO_SHARED_DIR/data/math/ or into shared/data/math/ beside the repository checkout"
+    )
+    if name not in MATH_EVAL_HUB:
+        raise FileNotFoundError(f"The math evaluation set {name!r} is not available: {where}.")
+    return load_math_hub(name, where)
+
+
+def load_math_hub(name: str, where: str = "") -> list[dict[str, Any]]:
+    """A math evaluation set from its public Hub dataset (:data:`MATH_EVAL_HUB`), as rows of :func:`load_math_file`."""
+    import datasets
+
+    hub_id, split = MATH_EVAL_HUB[name]
+    try:
+        rows = datasets.load_dataset(hub_id, split=split)
+    except Exception as error:  # noqa: BLE001 - offline, no network, or the Hub refused: all end here
+        raise FileNotFoundError(
+            f"The math evaluation set {name!r} is not in the shared data folder, and loading it from the Hub as "
+            f"{hub_id!r} (split {split!r}) failed ({type(error).__name__}: {str(error).splitlines()[0][:200]}). "
+            f"Go online (unset HF_HUB_OFFLINE), or {where}."
+        ) from None
+    return [
+        {"problem": row["problem"], "answer": normalize_math_gold(row["answer"]), "prompt": math_prompt(row["problem"])}
+        for row in rows
+    ]
 
 
 @register_dataset("math_eval")

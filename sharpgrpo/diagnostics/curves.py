@@ -37,7 +37,7 @@ def load_log_history(run: str | Path) -> list[dict[str, Any]]:
     """The training log entries (those with a ``step``); evaluation entries (``eval_*``) are kept as logged."""
     path = find_trainer_state(run)
     try:
-        state = json.loads(path.read_text())
+        state = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not valid JSON, truncated or corrupt ({error}).") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history", []), list):

@@ -6,8 +6,8 @@ Figure 3: structure tokens are confident, generic words are not). Here each list
 under the configured strategy, ``strategy.weights(logps, mask)`` on the same temperature-scaled log-probabilities
 the trainer uses, so the table shows directly which tokens the strategy up- or down-weights.
 
-Completions come from a run's saved completions (TRL ``log_completions=True`` writes
-``output_dir/completions/completions_<step>.parquet``) or are sampled from the model for given prompts.
+Completions come from a run's saved completions (``train.py``'s ``save_completions: true``, on in the demo, or TRL's
+``log_completions=True`` write ``output_dir/completions/completions_<step>.parquet``) or are sampled from the model for given prompts.
 
     python -m sharpgrpo.diagnostics.tokens --model RUN_DIR --completions RUN_DIR/completions --output DIR
     python -m sharpgrpo.diagnostics.tokens --model sharpgrpo-tiny --prompts prompts.jsonl --output DIR
@@ -234,9 +234,12 @@ def read_logged_completions(path: str | Path, max_rows: int | None = None) -> tu
     import pandas as pd
 
     path = Path(path)
-    files = sorted(path.glob("completions_*.parquet")) if path.is_dir() else [path]
+    files = sorted(path.glob("completions_*.parquet")) if path.is_dir() else ([path] if path.is_file() else [])
     if not files:
-        raise FileNotFoundError(f"No completions_*.parquet in {path} (train with log_completions=True).")
+        raise FileNotFoundError(
+            f"No completions_*.parquet in {path}: train with `save_completions: true` (train.py; on in "
+            "configs/demo.yaml) or TRL's `log_completions: true`, which write them to output_dir/completions."
+        )
     prompts, completions = [], []
     for file in files:
         frame = pd.read_parquet(file)
@@ -380,11 +383,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
-    if args.completions:
+    if args.completions:  # read (or fail on) the inputs before the model loads
         prompts, completions = read_logged_completions(args.completions, args.max_rows)
     else:
         prompts, completions = read_prompts(args.prompts), None
+    model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
     result = analyze_tokens(
         model, tokenizer, prompts, completions, strategy=args.strategy, temperature=args.temperature,
         num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, top=args.top, min_count=args.min_count,
@@ -396,4 +399,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as error:  # a missing or damaged input file: one line naming it
+        raise SystemExit(f"error: {error}") from None

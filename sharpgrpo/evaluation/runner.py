@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 import zlib
@@ -81,9 +82,21 @@ class EvalConfig:
         default=16, metadata={"help": "Samples per problem of the sampled data sets (the papers: 16)."}
     )
     limit: int | None = field(
-        default=None, metadata={"help": "At most this many problems per group (per size, per data set)."}
+        default=None,
+        metadata={
+            "help": "At most this many problems PER GROUP: per number of people for kk (`--limit 2` with the "
+            "default 2-8 people evaluates 2 x 7 = 14 problems), per data set for math and qa. The progress bar "
+            "counts the total."
+        },
     )
-    max_new_tokens: int = field(default=4096, metadata={"help": "Completion length limit (the papers: 4096)."})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completion length limit. Default: the run's own `max_completion_length` (training_args.json "
+            "that train.py saves beside the model and in each checkpoint), else 4096 (the papers), capped by the "
+            "model's maximum length (max_position_embeddings)."
+        },
+    )
     temperature: float = field(
         default=0.6,
         metadata={
@@ -99,8 +112,9 @@ class EvalConfig:
     batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "transformers: sequences per generate call (default 16); vLLM: problems per request (default "
-            "512). Finished problems are saved after each batch."
+            "help": "transformers: sequences per generate call (default 16 on a GPU, 1 on the CPU, where batching "
+            "gains little and the progress bar then moves per problem); vLLM: problems per request (default 512). "
+            "Finished problems are saved after each batch."
         },
     )
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16."})
@@ -124,9 +138,49 @@ class EvalConfig:
             raise ValueError(f"n_samples must be >= 1, got {self.n_samples}.")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}.")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         self.data = [self.data] if isinstance(self.data, str) else list(self.data)
         self.kk_people = [int(n) for n in self.kk_people]
         self.sampled_datasets = list(self.sampled_datasets)
+
+
+PAPERS_MAX_NEW_TOKENS = 4096
+
+
+def _model_max_length(path: Path) -> int | None:
+    """``max_position_embeddings`` of a local model (or of a LoRA adapter's base), else None."""
+    from sharpgrpo.evaluation.models import adapter_base_model
+
+    base = adapter_base_model(str(path)) if path.is_dir() else None
+    config_file = Path(base or path) / "config.json"
+    try:
+        value = json.loads(config_file.read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def default_max_new_tokens(model: str) -> tuple[int, str]:
+    """``(budget, where it comes from)``: the run's ``max_completion_length`` from ``training_args.json`` in the
+    model folder or, for a ``checkpoint-N``, its run folder; else 4096; capped by the model's maximum length."""
+    from sharpgrpo.tiny import resolve_model_name
+
+    path = Path(resolve_model_name(model))
+    budget, source = PAPERS_MAX_NEW_TOKENS, f"the papers' {PAPERS_MAX_NEW_TOKENS}"
+    for folder in (path, path.parent):
+        args_file = folder / "training_args.json"
+        try:
+            value = json.loads(args_file.read_text(encoding="utf-8")).get("max_completion_length")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(value, int) and value > 0:
+            budget, source = value, f"max_completion_length in {args_file}"
+            break
+    limit = _model_max_length(path)
+    if limit is not None and budget > limit:
+        budget, source = limit, f"{source}, capped at the model's max_position_embeddings"
+    return budget, source
 
 
 def output_paths(output: str | os.PathLike) -> dict[str, Path]:
@@ -197,7 +251,8 @@ def build_generator(config: EvalConfig, workdir: Path):
             max_model_len=config.max_model_len,
         )
     model, tokenizer = load_model_and_tokenizer(config.model, config.device, config.dtype, config.merge)
-    return backend, TransformersGenerator(model, tokenizer, config.batch_size or 16, config.apply_chat_template)
+    batch_size = config.batch_size or (16 if str(next(model.parameters()).device).startswith("cuda") else 1)
+    return backend, TransformersGenerator(model, tokenizer, batch_size, config.apply_chat_template)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -218,6 +273,11 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         config = EvalConfig(**kwargs)
     elif kwargs:
         config = dataclasses.replace(config, **kwargs)
+    if config.max_new_tokens is None:
+        budget, source = default_max_new_tokens(config.model)
+        config = dataclasses.replace(config, max_new_tokens=budget)
+        if config.progress:
+            print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
     task: EvalTask = EVAL_TASKS.get(config.task)()
     paths = output_paths(config.output)
     settings = result_settings(config)

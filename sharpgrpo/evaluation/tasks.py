@@ -190,16 +190,17 @@ def load_kk_rows(
     for item in data:
         if item in KK_SHARED_SOURCES:
             source = KK_SHARED_SOURCES[item]
-            found = False
+            found, missing = False, None
             for n in people:
                 try:
                     rows = kk.load_shared_kk(n, source=source, prompt_format=prompt_format)
-                except FileNotFoundError:
+                except FileNotFoundError as error:
+                    missing = missing or error
                     continue
                 found = True
                 pairs += [(f"shared-{source}", row) for row in rows]
             if not found:
-                raise FileNotFoundError(f"No shared K&K files for {item!r} and people {people}.")
+                raise FileNotFoundError(f"No shared K&K files for {item!r} and people {people}: {missing}")
             continue
         files = _expand_local(item)
         if files is not None:

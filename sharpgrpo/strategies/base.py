@@ -85,7 +85,8 @@ class TokenWeightStrategy:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        """State that must survive checkpoint and resume (e.g. a random generator)."""
+        """State that must survive checkpoint and resume (e.g. a random generator's state tensor): tensors, numbers,
+        strings, lists and dicts only, since checkpoints are loaded with ``torch.load(weights_only=True)``."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:

@@ -219,3 +219,11 @@ def test_kk_shared_dataset():
     dataset = load_train_dataset("kk_shared", source="regen", n_people=[2, 8])
     assert len(dataset) == 200 and sorted(set(dataset["n_people"])) == [2, 8]
     assert len(load_train_dataset("kk_shared")) == 500  # Logic-RL's 3-7 people test rows
+
+
+def test_missing_shared_file_says_where_to_put_it(monkeypatch):
+    import sharpgrpo.data.kk as kk_module
+
+    monkeypatch.setattr(kk_module, "shared_data_dir", lambda subdir="": None)
+    with pytest.raises(FileNotFoundError, match=r"logicrl_test_3ppl\.jsonl .*data/kk/ .*K-and-K/knights-and-knaves"):
+        kk_module.shared_kk_path(3, "logicrl")

@@ -76,3 +76,16 @@ def test_math_eval_dataset():
 def test_unknown_set_is_an_error():
     with pytest.raises(ValueError, match="math500, aime24, amc, minerva, olympiad_bench"):
         load_math_eval("gsm8k")
+
+
+def test_without_shared_data_the_message_says_where_to_put_the_files(monkeypatch):
+    """A user's clone has no shared folder: math500/aime24/amc come from the Hub (offline here, so the error names
+    the hub id and the file to put in place); minerva/olympiad_bench name the file and the folder."""
+    import sharpgrpo.data.math as math_data
+
+    monkeypatch.setattr(math_data, "shared_data_dir", lambda subdir="": None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"put minerva_dsr\.jsonl .*data/math/"):
+        load_math_eval("minerva")
+    with pytest.raises(FileNotFoundError, match=r"'HuggingFaceH4/MATH-500' \(split 'test'\) failed.*math500_h4\.jsonl"):
+        load_math_eval("math500")

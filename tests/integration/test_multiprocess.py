@@ -199,7 +199,7 @@ def test_resume_with_two_processes(two_process_runs):
     for rank in range(NUM_PROCESSES):  # every process continued its own strategy state exactly
         assert resumed[rank]["strategy_state"] == full[rank]["strategy_state"]
     checkpoint = two_process_runs["_folder"] / f"case_{len(CASES)}" / "run" / "checkpoint-2"
-    states = [torch.load(checkpoint / f"sharpgrpo_strategy_state_{rank}.pt", weights_only=False) for rank in (0, 1)]
+    states = [torch.load(checkpoint / f"sharpgrpo_strategy_state_{rank}.pt", weights_only=True) for rank in (0, 1)]
     generators = [state["strategies"]["RandomWeights"]["generator"] for state in states]
     assert not torch.equal(generators[0], generators[1])
     assert states[0]["generation_count"] == 1  # steps_per_generation=2: one generation batch for steps 1-2

@@ -39,7 +39,7 @@ def logged(result: dict, steps=(3, 4)) -> list[float]:
 def test_resumed_run_continues_exactly(tiny_model_path, tmp_path, strategies):
     full = run_case(tiny_model_path, str(tmp_path / "full"), strategies=strategies, **OPTIONS)
     checkpoint = tmp_path / "full" / "checkpoint-2"
-    state = torch.load(checkpoint / "sharpgrpo_strategy_state.pt", weights_only=False)
+    state = torch.load(checkpoint / "sharpgrpo_strategy_state.pt", weights_only=True)
     assert state["generation_count"] == 1
     resumed = run_case(
         tiny_model_path, str(tmp_path / "resumed"), strategies=strategies, resume_from_checkpoint=str(checkpoint),

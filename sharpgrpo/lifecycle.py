@@ -1,0 +1,307 @@
+"""Nothing lost: interrupts, resume, checkpoint integrity and the non-finite stop (TrainerCallbacks + helpers).
+
+* **SIGINT / SIGTERM** (Ctrl-C, cluster preemption) during ``train()``: the current optimizer step finishes,
+  training continues to the next generation boundary (at most ``steps_per_generation * num_iterations`` micro-steps;
+  on every step with the defaults) so that the checkpoint resumes exactly, saves a checkpoint there and stops;
+  ``train.py`` then writes ``trainer_state.json`` and the plot and exits with ``128 + signal``. A second signal
+  interrupts at once (Python's default handler).
+* **Complete checkpoints only.** Each checkpoint gets a marker file (:data:`COMPLETE_MARKER`) after every process
+  has written its files; ``resume_from_checkpoint=True`` (CLI ``--resume_from_checkpoint true``) picks the newest
+  checkpoint with the marker, skips (and names) newer ones without it (a run killed while saving), and says which
+  one it uses. A named checkpoint is checked first: a truncated ``trainer_state.json``, ``*.safetensors`` or
+  ``torch.save`` file (optimizer, scheduler, random and strategy states) is reported by name before the model loads.
+* **Generation boundary.** TRL does not checkpoint its buffered generation batch, so a checkpoint whose step is not
+  a multiple of the generation period resumes with a fresh batch where the uninterrupted run reused its buffer:
+  resuming from one warns.
+* **Non-finite loss or gradient.** Before every optimizer step the gradient norm is checked (the norm transformers
+  computes anyway; a NaN loss makes it NaN, an overflow infinite); a NaN/inf stops training with :class:`NonFiniteTrainingError`, naming the step and the strategies, after saving the
+  weights and optimizer state from before that step as a checkpoint (so NaN weights are never saved as the last good
+  state, and no completion is ever sampled from NaN weights).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import struct
+import sys
+import threading
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+COMPLETE_MARKER = "sharpgrpo_checkpoint_complete"  # written last into each checkpoint folder
+TRAINING_ARGS_JSON = "training_args.json"  # readable twin of transformers' pickled training_args.bin
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from (missing, incomplete or with a damaged file, named)."""
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """The loss or the gradient became NaN or infinite."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Checkpoint integrity and the resume choice
+# ------------------------------------------------------------------------------------------------------------------
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` if its header is unreadable or the file is shorter than the
+    tensors it declares (a write cut short)."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            if header_len > size - 8:
+                raise ValueError(f"header of {header_len} bytes in a file of {size}")
+            header = json.loads(handle.read(header_len))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError) as error:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({error}); it was probably cut short.") from None
+    if 8 + header_len + end > size:
+        raise CheckpointError(
+            f"{path} is truncated: its header declares {8 + header_len + end} bytes, the file has {size}."
+        )
+
+
+def check_trainer_state(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error}); it was probably cut short.") from None
+    if not isinstance(state, dict) or "global_step" not in state:
+        raise CheckpointError(f"{path} is not a trainer state (no `global_step`).")
+    return state
+
+
+def check_checkpoint(checkpoint: str | os.PathLike) -> dict:
+    """Check a checkpoint folder's trainer state and weights; return the trainer state. Raises
+    :class:`CheckpointError` naming the first damaged file."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"Checkpoint {checkpoint} does not exist or is not a folder.")
+    state = check_trainer_state(checkpoint / "trainer_state.json")
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        check_safetensors(file)
+    for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
+        check_torch_file(file)
+    return state
+
+
+def check_torch_file(path: Path) -> None:
+    """``torch.save`` writes a zip archive whose directory is at its end: a file cut short has none."""
+    try:
+        with zipfile.ZipFile(path):
+            pass
+    except (zipfile.BadZipFile, OSError) as error:
+        raise CheckpointError(f"{path} is damaged or was cut short ({error}).") from None
+
+
+def checkpoint_folders(output_dir: str | os.PathLike) -> list[Path]:
+    """``checkpoint-N`` folders of ``output_dir``, newest (largest N) first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if (m := _CHECKPOINT_RE.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest_complete_checkpoint(output_dir: str | os.PathLike) -> tuple[Path | None, list[str]]:
+    """``(newest complete checkpoint or None, reasons the newer ones were skipped)``."""
+    skipped = []
+    for folder in checkpoint_folders(output_dir):
+        if not (folder / COMPLETE_MARKER).exists():
+            skipped.append(f"{folder.name}: incomplete (no {COMPLETE_MARKER}; the run stopped while saving it)")
+            continue
+        try:
+            check_checkpoint(folder)
+        except CheckpointError as error:
+            skipped.append(f"{folder.name}: {error}")
+            continue
+        return folder, skipped
+    return None, skipped
+
+
+def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
+    """The checkpoint ``train(resume_from_checkpoint=value)`` should load, checked, or None.
+
+    ``True`` / ``"true"``: the newest complete checkpoint of ``output_dir``; ``False`` / ``None`` / ``"false"``:
+    none; a path: that checkpoint, after checking its files. For ``True`` it says on stderr which one it chose."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "none", ""):
+        value = value.strip().lower() == "true"
+    if value is None or value is False:
+        return None
+    if value is True:
+        checkpoint, skipped = latest_complete_checkpoint(output_dir)
+        for reason in skipped:
+            print(f"[sharpgrpo] skipping {reason}", file=sys.stderr)
+        if checkpoint is None:
+            raise CheckpointError(
+                f"resume_from_checkpoint=true: no complete checkpoint-N folder in output_dir={output_dir!r}"
+                + (f" ({len(skipped)} incomplete or damaged ones skipped)." if skipped else ".")
+            )
+        print(f"[sharpgrpo] resuming from {checkpoint} (the newest complete checkpoint)", file=sys.stderr)
+        return str(checkpoint)
+    checkpoint = Path(os.fspath(value))
+    check_checkpoint(checkpoint)
+    if checkpoint_folders(checkpoint.parent) and not (checkpoint / COMPLETE_MARKER).exists():
+        warnings.warn(
+            f"{checkpoint} has no {COMPLETE_MARKER} marker: it was saved by another tool or a run that stopped while "
+            "saving it; its files look intact, resuming from it.",
+            stacklevel=2,
+        )
+    return str(checkpoint)
+
+
+def generation_period(args) -> int:
+    """Micro-steps per TRL generation batch: TRL generates every ``steps_per_generation * num_iterations``
+    micro-steps (``GRPOTrainer._prepare_inputs``), and a resumed run generates at its first micro-step."""
+    return int(args.steps_per_generation or args.gradient_accumulation_steps) * int(args.num_iterations)
+
+
+def at_generation_boundary(global_step: int, args) -> bool:
+    """Whether a checkpoint at ``global_step`` resumes at the start of a generation batch."""
+    return (int(global_step) * int(args.gradient_accumulation_steps)) % generation_period(args) == 0
+
+
+def warn_if_off_boundary(checkpoint: str | None, args) -> None:
+    if checkpoint is None:
+        return
+    step = int(check_trainer_state(Path(checkpoint) / "trainer_state.json")["global_step"])
+    if not at_generation_boundary(step, args):
+        warnings.warn(
+            f"{checkpoint} (step {step}) is not at a generation boundary (TRL generates every steps_per_generation "
+            f"* num_iterations = {generation_period(args)} micro-steps, gradient_accumulation_steps="
+            f"{args.gradient_accumulation_steps}): TRL does not checkpoint its buffered generation batch, so the "
+            "resumed run generates a new one where the uninterrupted run would have reused the buffer, and its "
+            "losses will differ from there on. Resume from a checkpoint whose step is a multiple of the period.",
+            stacklevel=2,
+        )
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Callbacks
+# ------------------------------------------------------------------------------------------------------------------
+def write_complete_marker(trainer, checkpoint: str) -> None:
+    """Mark ``checkpoint`` complete once every process has written its files (called on every process)."""
+    trainer.accelerator.wait_for_everyone()
+    if trainer.is_world_process_zero():
+        with open(os.path.join(checkpoint, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
+            handle.write(trainer.args.to_json_string())
+        marker = os.path.join(checkpoint, COMPLETE_MARKER)
+        with open(marker, "w", encoding="utf-8") as handle:
+            handle.write(f"step {trainer.state.global_step}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class LifecycleCallback(TrainerCallback):
+    """Signals, checkpoint markers and the non-finite stop for one trainer (see the module docstring)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.signal_received: int | None = None  # the signal that asked training to stop
+        self.stopped_by_signal = False
+        self._previous_handlers: dict[int, Any] = {}
+
+    # signals ------------------------------------------------------------------------------------------------------
+    def _handle(self, signum, frame):
+        self.signal_received = signum
+        name = signal.Signals(signum).name
+        print(
+            f"\n[sharpgrpo] {name} received: finishing the current step, then saving a checkpoint and stopping "
+            "(send it again to stop at once, without saving).",
+            file=sys.stderr,
+            flush=True,
+        )
+        for sig, handler in self._previous_handlers.items():  # a second signal interrupts at once
+            signal.signal(sig, handler)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.signal_received, self.stopped_by_signal = None, False
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[sig] = signal.signal(sig, self._handle)
+        if state.is_world_process_zero:
+            os.makedirs(args.output_dir, exist_ok=True)
+            with open(os.path.join(args.output_dir, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
+                handle.write(args.to_json_string())
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not at_generation_boundary(state.global_step, args):
+            return control
+        signum = self.signal_received or 0
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes > 1:  # the processes get the signal at different moments: stop together
+            signum = int(accelerator.gather(torch.tensor([signum], device=accelerator.device)).max())
+        if signum:
+            self.signal_received = signum
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_by_signal = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(checkpoint):
+            write_complete_marker(self.trainer, checkpoint)
+        return control
+
+    # non-finite loss or gradient ----------------------------------------------------------------------------------
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        # The gradient norm transformers has just computed (before clipping), read through the trainer's
+        # `_get_grad_norm`: a NaN loss gives NaN gradients, an overflow an infinite norm. The optimizer has not
+        # stepped yet, so the weights are still those after the previous step.
+        norm = getattr(self.trainer, "last_grad_norm", None)
+        if norm is not None and not math.isfinite(float(norm)):
+            self._stop_non_finite(state, f"the gradient norm is {float(norm)}", weights_good=True)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        bad = {k: v for k, v in (logs or {}).items()
+               if k in ("loss", "grad_norm") and isinstance(v, float) and not math.isfinite(v)}  # fmt: skip
+        if bad:
+            self._stop_non_finite(state, f"logged {bad}", weights_good=False)
+        return control
+
+    def _stop_non_finite(self, state, what: str, weights_good: bool) -> None:
+        trainer = self.trainer
+        step = state.global_step + (1 if weights_good else 0)
+        if not weights_good:  # after the optimizer step: keep the weights only if they are all finite
+            weights_good = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
+        if weights_good:
+            trainer._save_checkpoint(trainer.model, trial=None)
+            saved = os.path.join(trainer.args.output_dir, f"checkpoint-{state.global_step}")
+            write_complete_marker(trainer, saved)
+            where = f"The last good state (weights and optimizer after step {state.global_step}) is saved in {saved}."
+        else:
+            latest, _ = latest_complete_checkpoint(trainer.args.output_dir)
+            where = "The weights are no longer finite, so they were not saved; " + (
+                f"the last good checkpoint is {latest}." if latest else "no earlier checkpoint exists."
+            )
+        raise NonFiniteTrainingError(
+            f"Step {step}: {what} (strategies {list(trainer.args.strategies)}, loss_type {trainer.args.loss_type!r}, "
+            f"learning_rate {trainer.args.learning_rate}); training stopped instead of sampling from NaN weights. "
+            f"{where} Lower the learning rate or check the strategy parameters and reward scale."
+        )
+
+
+def lifecycle_callback(trainer) -> LifecycleCallback | None:
+    return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, LifecycleCallback)), None)
