@@ -14,7 +14,7 @@ The corpus is Search-R1's ``{"id", "contents": "\\"Title\\"\\ntext"}`` jsonl. ``
 Needs the ``search`` extra (``pip install 'sharpgrpo[search]'``: fastapi, uvicorn, bm25s).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI must resolve the request model defined inside create_app.
 
 import argparse
 import json
