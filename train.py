@@ -4,7 +4,8 @@
     accelerate launch --config_file configs/accelerate/zero3.yaml train.py --config configs/grpo_sg_kk_qwen2.5_3b.yaml
 
 The YAML is flat: every field of `TaskArguments` (below), of `sharpgrpo.SharpGRPOConfig` (all of TRL's
-`GRPOConfig` plus the strategies) and of TRL's `ModelConfig` (model, dtype, LoRA), plus an optional `env:` block
+`GRPOConfig` plus the strategies), of TRL's `ModelConfig` (model, dtype, LoRA) and of
+`sharpgrpo.search.SearchArguments` (retrieval server and multi-turn limits, README "Search"), plus an optional `env:` block
 of environment variables. Command-line flags override the YAML (TRL's `TrlParser`).
 """
 
@@ -21,6 +22,7 @@ from reward_fns import get_reward_function
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.data import load_train_dataset
 from sharpgrpo.demo import register_demo
+from sharpgrpo.search.config import SearchArguments
 from sharpgrpo.tiny import resolve_model_name
 
 
@@ -50,9 +52,27 @@ class TaskArguments:
     plot: bool = field(default=True, metadata={"help": "Write training_curves.png into output_dir at the end."})
 
 
-def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
+def main(
+    task: TaskArguments,
+    training_args: SharpGRPOConfig,
+    model_args: ModelConfig,
+    search_args: SearchArguments | None = None,
+) -> SharpGRPOTrainer:
+    if search_args is not None and search_args.enabled:  # agentic search (README, Search): a retrieval server
+        from accelerate import PartialState
+
+        from sharpgrpo.search.session import retrieval_session, search_rollout
+
+        with retrieval_session(search_args, training_args.output_dir, PartialState().local_process_index) as client:
+            return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
+    return _main(task, training_args, model_args)
+
+
+def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
+    from sharpgrpo.search.tiny import resolve_search_model_name
+
     register_demo()
-    model_path = resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny")
+    model_path = resolve_search_model_name(resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny"))
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -77,6 +97,7 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        rollout_func=rollout_func,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
@@ -94,5 +115,5 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
 
 
 if __name__ == "__main__":
-    parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig))
+    parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
     main(*parser.parse_args_and_config())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
@@ -19,9 +18,6 @@ SEARCH_R1_PROMPT = (
     "</answer>. Question: {question}\n"
 )
 
-_SEARCH = re.compile(re.escape(SEARCH_OPEN) + r"(.*?)" + re.escape(SEARCH_CLOSE), re.DOTALL)
-
-
 def make_prompt(question: str) -> str:
     """Search-R1's prompt for ``question`` (stripped, with a final ``?`` added if missing, as Search-R1 does)."""
     question = question.strip()
@@ -31,9 +27,13 @@ def make_prompt(question: str) -> str:
 
 
 def extract_query(text: str) -> str | None:
-    """The text inside the last ``<search>...</search>`` of ``text``, stripped; None if there is none."""
-    matches = _SEARCH.findall(text)
-    return matches[-1].strip() if matches else None
+    """The text between the last ``</search>`` of ``text`` and the last ``<search>`` before it, stripped; None if
+    either tag is missing. (Search-R1's regex would return ``"a <search> b"`` for ``<search> a <search> b</search>``.)"""
+    end = text.rfind(SEARCH_CLOSE)
+    start = text.rfind(SEARCH_OPEN, 0, max(end, 0))
+    if end < 0 or start < 0:
+        return None
+    return text[start + len(SEARCH_OPEN) : end].strip()
 
 
 def split_title(contents: str) -> tuple[str, str]:
