@@ -59,11 +59,16 @@ def compact(parts):
     return out
 
 
+@pytest.fixture(scope="module")
+def args(tmp_path_factory):
+    names = ["ar", "cw_grpo", "thr", "nthr", "passk_mixed"]
+    return SharpGRPOConfig(output_dir=str(tmp_path_factory.mktemp("out")), strategies=names, num_generations=G,
+                           use_cpu=True, report_to="none", passk_k=2)
+
+
 @pytest.mark.parametrize("name", ["ar", "cw_grpo", "thr", "nthr", "passk_mixed"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_masked_tokens_do_not_change_strategy_outputs(tmp_path, name, seed):
-    args = SharpGRPOConfig(output_dir=str(tmp_path), strategies=[name], num_generations=G, use_cpu=True,
-                           report_to="none", passk_k=2)
+def test_masked_tokens_do_not_change_strategy_outputs(args, name, seed):
     strategy = STRATEGIES.get(name)(args)
     parts = make_batch(seed)
     masked = parts["loss_mask"] == 0
