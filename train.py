@@ -69,10 +69,8 @@ def main(
 
 
 def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
-    from sharpgrpo.search.tiny import resolve_search_model_name
-
     register_demo()
-    model_path = resolve_search_model_name(resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny"))
+    model_path = resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

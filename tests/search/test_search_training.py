@@ -20,11 +20,9 @@ CORPUS = ['"Paris"\nParis is the capital of France.', '"Berlin"\nBerlin is the c
 QUESTIONS = [("What is the capital of France?", ["Paris"]), ("What is the capital of Germany?", ["Berlin"])]
 
 
-@pytest.fixture(scope="module")
-def search_model(tmp_path_factory):
-    from sharpgrpo.search.tiny import build_tiny_search_model
-
-    return str(build_tiny_search_model(tmp_path_factory.mktemp("tiny-search") / "m", warm_start_steps=0))
+@pytest.fixture
+def search_model(search_model_path):
+    return search_model_path
 
 
 def make_args(tmp_path, model_path, **overrides):
