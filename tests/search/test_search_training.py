@@ -100,3 +100,33 @@ def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
     grad = captured["logps"].grad
     assert torch.all(grad[tool_mask == 0] == 0)
     assert (grad[(tool_mask == 1) & (completion_mask == 1)] != 0).all()
+
+
+def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
+    import time
+
+    import train
+    from sharpgrpo.search.client import RetrievalClient, RetrievalError
+    from sharpgrpo.search.server import RetrievalServerProcess
+    from sharpgrpo.search.session import search_rollout
+
+    task, args, model_args, search = make_args(tmp_path, search_model, max_steps=4)
+    server = RetrievalServerProcess(search.retrieval_corpus, start_timeout=60)
+    url = server.start()
+    try:
+        rollout = search_rollout(search, RetrievalClient(url, timeout=1.0, retries=2, backoff=0.05))
+        calls = []
+
+        def dying_rollout(prompts, trainer):
+            if calls:  # the server dies after the first generation batch
+                server.process.kill()
+                server.process.wait()
+            calls.append(1)
+            return rollout(prompts, trainer)
+
+        start = time.monotonic()
+        with pytest.raises(RetrievalError, match=f"{url}/retrieve failed 2 time"):
+            train._main(task, args, model_args, rollout_func=dying_rollout)
+        assert time.monotonic() - start < 60 and len(calls) >= 2
+    finally:
+        server.stop()
