@@ -24,8 +24,7 @@ class RetrievalClient:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Retrieval URL must start with http:// or https://; got {url!r}.")
         self.url = url.rstrip("/")
-        if self.url.endswith("/retrieve"):
-            self.url = self.url[: -len("/retrieve")]
+        self.url = self.url.removesuffix("/retrieve")
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)

@@ -17,7 +17,7 @@ class SearchEvalGenerator:
         from sharpgrpo.evaluation.generation import TransformersGenerator
 
         if not isinstance(generator, TransformersGenerator):
-            raise ValueError("search_qa evaluates with the transformers backend; pass --backend transformers.")
+            raise TypeError("search_qa evaluates with the transformers backend; pass --backend transformers.")
         self.generator, self.client, self.search_args = generator, client, search_args
 
     def prompts_per_call(self, n: int) -> int:

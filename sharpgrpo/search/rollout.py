@@ -104,7 +104,7 @@ def first_stop(ids: Sequence[int], decode: Callable[[Sequence[int]], str], stops
     (the stop string may be split across several tokens); None if neither occurs.
 
     The prefix texts grow monotonically, so the first prefix containing a stop string is found by bisection."""
-    eos = set(int(i) for i in eos_ids)
+    eos = {int(i) for i in eos_ids}
     eos_at = next((k + 1 for k, token in enumerate(ids) if int(token) in eos), None)
     limit = eos_at if eos_at is not None else len(ids)
 
@@ -126,7 +126,7 @@ def first_stop(ids: Sequence[int], decode: Callable[[Sequence[int]], str], stops
 
 def _observation_ids(tokenizer, passages: str, max_obs_tokens: int) -> list[int]:
     """Token ids of the information block, at most ``max_obs_tokens``: the passages are cut, the tags kept."""
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     ids = encode(information_block(passages))
     if len(ids) <= max_obs_tokens:
         return ids
@@ -150,7 +150,7 @@ def run_episodes(
     documents; ``sync_max(x)`` is the maximum of ``x`` over processes (identity with one process)."""
     episodes = [Episode() for _ in prompt_ids]
     eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
     stops = limits.stop_strings
     for _ in range(limits.max_search_turns + 1):
         active = [i for i, episode in enumerate(episodes) if not episode.done]
@@ -287,7 +287,7 @@ class HFGenerateBackend:
             )
         completions = out[:, width:].cpu().tolist()
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
         results = []
         for ids in completions:  # finished rows are padded after their stop: cut there
             cut = first_stop(ids, decode, stop, eos)
@@ -351,7 +351,7 @@ class SearchRolloutFunc:
             def sync_max(value: int) -> int:
                 return int(accelerator.gather(torch.tensor([value], device=accelerator.device)).max().item())
         else:
-            sync_max = lambda value: value  # noqa: E731
+            sync_max = lambda value: value
         episodes = run_episodes(prompt_ids, backend, retrieve, trainer.processing_class, limits, sync_max)
 
         inputs = getattr(trainer, "_rollout_inputs", None)

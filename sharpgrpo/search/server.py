@@ -170,7 +170,7 @@ class RetrievalServerProcess:
             raise FileNotFoundError(f"Retrieval corpus {self.corpus} does not exist.")
         self._dir = tempfile.TemporaryDirectory(prefix="sharpgrpo-retrieval-")
         port_file = os.path.join(self._dir.name, "port")
-        self._log = open(os.path.join(self._dir.name, "server.log"), "w+", encoding="utf-8")
+        self._log = open(os.path.join(self._dir.name, "server.log"), "w+", encoding="utf-8")  # noqa: SIM115 (closed by stop)
         command = [sys.executable, "-m", "sharpgrpo.search.server", "--corpus", self.corpus, "--retriever",
                    self.retriever, "--host", self.host, "--port", "0", "--port_file", port_file,
                    "--parent_pid", str(os.getpid())]

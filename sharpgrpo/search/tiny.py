@@ -19,11 +19,8 @@ from sharpgrpo.search.format import INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_
 TINY_SEARCH_NAME = "sharpgrpo-tiny-search"
 TINY_SEARCH_VERSION = 1  # bump when the build changes
 SEARCH_TAG_TOKENS = [SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE]
-_WORDS = (
-    "river city king queen film song author river painter island bridge tower battle novel league team mountain "
-    "lake empire church school castle opera poet village prize museum valley harbour temple forest desert"
-).split()
-_NAMES = "Alder Brisa Corvin Dalia Elbrus Fenna Galen Hesper Ilona Jorun Kasimir Liesel Marek Nerys Odile Piran".split()
+_WORDS = ["river", "city", "king", "queen", "film", "song", "author", "river", "painter", "island", "bridge", "tower", "battle", "novel", "league", "team", "mountain", "lake", "empire", "church", "school", "castle", "opera", "poet", "village", "prize", "museum", "valley", "harbour", "temple", "forest", "desert"]
+_NAMES = ["Alder", "Brisa", "Corvin", "Dalia", "Elbrus", "Fenna", "Galen", "Hesper", "Ilona", "Jorun", "Kasimir", "Liesel", "Marek", "Nerys", "Odile", "Piran"]
 
 
 def search_episode(rng: random.Random) -> tuple[str, str, str, str]:
@@ -68,7 +65,7 @@ def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     model.train()
     from tqdm.auto import tqdm
 

@@ -14,8 +14,8 @@ pytest.importorskip("fastapi", reason="the retrieval server needs the `search` e
 pytest.importorskip("uvicorn", reason="the retrieval server needs the `search` extra (fastapi, uvicorn, bm25s)")
 pytest.importorskip("bm25s", reason="the retrieval server needs the `search` extra (fastapi, uvicorn, bm25s)")
 
-from sharpgrpo.search.client import RetrievalClient, RetrievalError  # noqa: E402
-from sharpgrpo.search.server import RetrievalServerProcess  # noqa: E402
+from sharpgrpo.search.client import RetrievalClient, RetrievalError
+from sharpgrpo.search.server import RetrievalServerProcess
 
 CORPUS = [
     '"Paris"\nParis is the capital and largest city of France.',
