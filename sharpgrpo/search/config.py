@@ -34,7 +34,10 @@ class SearchArguments:
     )
     retriever: str = field(
         default="bm25",
-        metadata={"help": "Index of a self-started server: `bm25` (bm25s, default) or `dense` (not implemented yet)."},
+        metadata={
+            "help": "Index of a self-started server: `bm25` (bm25s, default) or `dense` (all-MiniLM-L6-v2 + faiss, "
+            "the `search-dense` extra)."
+        },
     )
     max_search_turns: int = field(
         default=4,

