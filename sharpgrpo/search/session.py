@@ -2,14 +2,17 @@
 
 With several processes, local process 0 of each node starts the server on 127.0.0.1 and writes its port to
 ``{output_dir}/retrieval_server.{host}.port``; the node's other processes wait for that file and ``/health``. The
-server is stopped when the ``with`` block exits, also on an error or Ctrl-C (and exits by itself if its parent dies).
+server is stopped when the ``with`` block exits, also on an error, Ctrl-C or SIGTERM (and exits by itself if its parent
+dies).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,22 @@ from sharpgrpo.search.config import SearchArguments
 
 def _port_file(output_dir: str) -> Path:
     return Path(output_dir) / f"retrieval_server.{socket.gethostname()}.port"
+
+
+def _sigterm_as_exit():
+    """Make SIGTERM (sent by launchers to stop workers) raise SystemExit, so that ``finally`` stops the server; return
+    a function restoring the previous handler. Only in the main thread (where Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):  # someone else handles it already
+        return lambda: None
+
+    def exit_on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -44,6 +63,7 @@ def retrieval_session(search_args: SearchArguments, output_dir: str = ".", local
 
         port_file.parent.mkdir(parents=True, exist_ok=True)
         port_file.unlink(missing_ok=True)
+        restore_sigterm = _sigterm_as_exit()
         server = RetrievalServerProcess(resolve_corpus(search_args.retrieval_corpus), search_args.retriever,
                                         start_timeout=search_args.server_start_timeout)
         try:
@@ -53,6 +73,7 @@ def retrieval_session(search_args: SearchArguments, output_dir: str = ".", local
         finally:
             server.stop()
             port_file.unlink(missing_ok=True)
+            restore_sigterm()
         return
     deadline = time.monotonic() + search_args.server_start_timeout
     while time.monotonic() < deadline:
