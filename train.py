@@ -4,9 +4,11 @@
     accelerate launch --config_file configs/accelerate/zero3.yaml train.py --config configs/grpo_sg_kk_qwen2.5_3b.yaml
 
 The YAML is flat: every field of `TaskArguments` (below), of `sharpgrpo.SharpGRPOConfig` (all of TRL's
-`GRPOConfig` plus the strategies) and of TRL's `ModelConfig` (model, dtype, LoRA), plus an optional `env:` block
-of environment variables. Command-line flags override the YAML (TRL's `TrlParser`). Every value and input is checked
-before a model loads; an error prints one line (`--debug` or `SHARPGRPO_DEBUG=1` for the full traceback).
+`GRPOConfig` plus the strategies), of TRL's `ModelConfig` (model, dtype, LoRA) and of
+`sharpgrpo.search.SearchArguments` (retrieval server and multi-turn limits, README "Search"), plus an optional
+`env:` block of environment variables. Command-line flags override the YAML (TRL's `TrlParser`). Every value and
+input is checked before a model loads; an error prints one line (`--debug` or `SHARPGRPO_DEBUG=1` for the full
+traceback).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sharpgrpo.run_output import (
     check_process_count,
     training_summary,
 )
+from sharpgrpo.search.config import SearchArguments
 from sharpgrpo.tiny import resolve_model_name
 
 
@@ -78,7 +81,12 @@ class TaskArguments:
     )
 
 
-def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
+def main(
+    task: TaskArguments,
+    training_args: SharpGRPOConfig,
+    model_args: ModelConfig,
+    search_args: SearchArguments | None = None,
+) -> SharpGRPOTrainer:
     check_process_count()
     try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
         training_args.resume_from_checkpoint = resolve_resume_checkpoint(
@@ -86,6 +94,17 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         )
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
+    if search_args is not None and search_args.enabled:  # agentic search (README, Search): a retrieval server
+        from accelerate import PartialState
+
+        from sharpgrpo.search.session import retrieval_session, search_rollout
+
+        with retrieval_session(search_args, training_args.output_dir, PartialState().local_process_index) as client:
+            return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
+    return _main(task, training_args, model_args)
+
+
+def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
     register_demo()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
@@ -113,6 +132,7 @@ def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelC
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        rollout_func=rollout_func,
     )
     trainer.base_model_name = model_args.model_name_or_path or "sharpgrpo-tiny"  # named on the model card
     if task.save_completions:
@@ -158,5 +178,5 @@ def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
 
 if __name__ == "__main__":
     with one_line_errors():  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
-        parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig))
+        parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
         main(*parser.parse_args_and_config())

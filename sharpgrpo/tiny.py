@@ -139,7 +139,12 @@ def _supervised_warm_start(model, tokenizer, texts, steps: int, batch_size: int 
 
 
 def resolve_model_name(name_or_path: str) -> str:
-    """Map ``TINY_MODEL_NAME`` to a built local directory; anything else is returned unchanged."""
+    """Map ``TINY_MODEL_NAME`` (and ``sharpgrpo-tiny-search``, :mod:`sharpgrpo.search.tiny`) to a built local
+    directory; anything else is returned unchanged."""
+    if name_or_path == "sharpgrpo-tiny-search":
+        from sharpgrpo.search.tiny import resolve_search_model_name
+
+        return resolve_search_model_name(name_or_path)
     if name_or_path != TINY_MODEL_NAME:
         return name_or_path
     return str(build_tiny_model(default_cache_dir() / f"tiny-qwen2-v{TINY_MODEL_VERSION}"))

@@ -262,6 +262,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_mode == "server":
             self.vllm_generation.generation_kwargs = self._server_generation_kwargs()
         self._generation_captured = {}
+        self._rollout_inputs = inputs  # read by rollout functions (e.g. sharpgrpo.search) for per-row metadata
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
@@ -359,6 +360,8 @@ class SharpGRPOTrainer(GRPOTrainer):
         advantages = gather_rows(output["advantages"]) if output["advantages"].dim() == 1 else None
         if advantages is None:
             raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
+        if output.get("tool_mask") is not None:  # tool results / retrieved text (env_mask): no strategy statistic
+            completion_mask = completion_mask * output["tool_mask"]
         mask = gather_rows(completion_mask)
         group_ids = gather_rows(output["group_ids"])
         correct = None

@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((REPO / "configs" / "accelerate").glob("*.yaml"))
-PAPER_CONFIGS = [path for path in CONFIGS if "cpu" not in path.stem and path.stem != "demo"]
+PAPER_CONFIGS = [path for path in CONFIGS if "cpu" not in path.stem and path.stem not in ("demo", "search_demo")]
 
 # GRPO-SG Table 6, shared by its three settings; temperature per setting.
 TABLE_6 = dict(
@@ -73,7 +73,7 @@ def restore_environment():
 
 
 def parse(path: Path, *extra: str):
-    """(TaskArguments, SharpGRPOConfig, ModelConfig) as train.py parses them."""
+    """(TaskArguments, SharpGRPOConfig, ModelConfig) as train.py parses them (with its SearchArguments)."""
     sys.path.insert(0, str(REPO))
     try:
         import train
@@ -82,9 +82,10 @@ def parse(path: Path, *extra: str):
     from trl import ModelConfig, TrlParser
 
     from sharpgrpo import SharpGRPOConfig
+    from sharpgrpo.search.config import SearchArguments
 
-    parser = TrlParser((train.TaskArguments, SharpGRPOConfig, ModelConfig))
-    return parser.parse_args_and_config(args=["--config", str(path), "--use_cpu", "true", *extra])
+    parser = TrlParser((train.TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
+    return parser.parse_args_and_config(args=["--config", str(path), "--use_cpu", "true", *extra])[:3]
 
 
 def test_every_config_is_covered():

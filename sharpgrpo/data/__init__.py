@@ -38,4 +38,4 @@ def load_train_dataset(name_or_path: str, **kwargs):
 
 
 # Importing the submodules registers their datasets (they need DATASETS, defined above).
-from sharpgrpo.data import kk, math  # noqa: E402,F401
+from sharpgrpo.data import kk, math, search_qa  # noqa: E402,F401

@@ -12,6 +12,7 @@ Files, for ``output = results/kk.json``:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,6 +45,10 @@ RESULT_SETTINGS = (
     "seed",
     "apply_chat_template",
     "merge",
+    "retrieval_url",
+    "retrieval_corpus",
+    "max_search_turns",
+    "retrieval_topk",
 )
 
 
@@ -130,6 +135,15 @@ class EvalConfig:
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM: share of GPU memory it may use."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: tensor-parallel GPUs."})
     max_model_len: int | None = field(default=None, metadata={"help": "vLLM: context length (default: the model's)."})
+    retrieval_url: str | None = field(
+        default=None, metadata={"help": "search_qa: a running Search-R1-compatible retrieval server (README, Search)."}
+    )
+    retrieval_corpus: str | None = field(
+        default=None,
+        metadata={"help": "search_qa: a corpus .jsonl to serve on loopback for the evaluation (`shared:qa`: the shared one)."},
+    )
+    max_search_turns: int = field(default=4, metadata={"help": "search_qa: most searches per question (METHODS §6)."})
+    retrieval_topk: int = field(default=3, metadata={"help": "search_qa: passages per search (METHODS §6)."})
 
     def __post_init__(self):
         if self.task not in EVAL_TASKS:
@@ -302,9 +316,13 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
                 handle.seek(-1, os.SEEK_END)
                 if handle.read(1) != b"\n":
                     handle.write(b"\n")
-        with tempfile.TemporaryDirectory(prefix="sharpgrpo-eval-") as workdir:
+        with tempfile.TemporaryDirectory(prefix="sharpgrpo-eval-") as workdir, contextlib.ExitStack() as stack:
             backend, generator = build_generator(config, Path(workdir))
-            if isinstance(generator, TransformersGenerator):
+            if config.task == "search_qa":  # multi-turn rollouts against a retrieval server (sharpgrpo.search)
+                from sharpgrpo.search.evaluation import search_generator
+
+                generator = search_generator(config, generator, workdir, stack)
+            if hasattr(generator, "prompts_per_call"):
                 size_of = lambda p: generator.prompts_per_call(config.n_samples if p.sampled else 1)
             else:
                 size_of = lambda p: config.batch_size or 512
@@ -338,6 +356,8 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
                             "truncated": [s["truncated"] for s in samples],
                             "correct": flags,
                         }
+                        if "search" in samples[0]:
+                            record["search"] = [s["search"] for s in samples]
                         handle.write(json.dumps(record, default=str) + "\n")
                         finished[problem.id] = record
                     handle.flush()

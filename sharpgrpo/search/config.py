@@ -1,0 +1,101 @@
+"""``SearchArguments``: the options of the agentic search setting (METHODS §6), parsed by ``train.py`` beside
+``SharpGRPOConfig`` (TRL's ``TrlParser``) and read by ``sharpgrpo.eval --task search_qa``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+RETRIEVERS = ("bm25", "dense")
+
+
+@dataclass
+class SearchArguments:
+    """Multi-turn Search-R1 rollouts: a retrieval server and the limits of one episode.
+
+    Search is on when ``retrieval_url`` or ``retrieval_corpus`` is set; otherwise training is single-turn as before.
+    """
+
+    retrieval_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "Base URL of a running Search-R1-compatible retrieval server (POST {url}/retrieve with "
+            "{queries, topk, return_scores}), e.g. http://10.0.0.5:8000 for Search-R1's wiki-18 e5 server. "
+            "Mutually exclusive with `retrieval_corpus`."
+        },
+    )
+    retrieval_corpus: str | None = field(
+        default=None,
+        metadata={
+            "help": "A corpus .jsonl ({id, contents: '\"Title\"\\ntext'} per line, Search-R1's format) that "
+            "train.py/eval index and serve themselves on 127.0.0.1 (`python -m sharpgrpo.search.server`), "
+            "stopped on exit. `shared:qa` names the shared 9,002-passage corpus (data/qa/corpus.jsonl)."
+        },
+    )
+    retriever: str = field(
+        default="bm25",
+        metadata={
+            "help": "Index of a self-started server: `bm25` (bm25s, default) or `dense` (all-MiniLM-L6-v2 + faiss, "
+            "the `search-dense` extra)."
+        },
+    )
+    max_search_turns: int = field(
+        default=4,
+        metadata={
+            "help": "Most searches per episode (Search-R1 max_turns; METHODS §6: 4). A search asked for after the "
+            "last one ends the episode (its text is kept, no retrieval)."
+        },
+    )
+    retrieval_topk: int = field(
+        default=3, metadata={"help": "Passages appended per search (Search-R1 / METHODS §6: k = 3)."}
+    )
+    max_obs_tokens: int = field(
+        default=500,
+        metadata={
+            "help": "Most tokens of one <information> block (the end is cut, the closing tag kept). Observation "
+            "tokens count against max_completion_length but get env_mask 0 (no loss, no strategy statistic)."
+        },
+    )
+    max_turn_tokens: int = field(
+        default=500,
+        metadata={
+            "help": "Most sampled tokens per turn (one generation call); everything also counts against "
+            "max_completion_length (Search-R1: max_response_length per turn, max_obs_length per observation)."
+        },
+    )
+    retrieval_timeout: float = field(
+        default=30.0, metadata={"help": "Seconds one /retrieve request may take before it is retried."}
+    )
+    retrieval_retries: int = field(
+        default=3,
+        metadata={"help": "Attempts per /retrieve batch (with backoff) before training stops with an error."},
+    )
+    server_start_timeout: float = field(
+        default=300.0,
+        metadata={"help": "Seconds a self-started server may take to index the corpus and answer /health."},
+    )
+    stop_at_answer: bool = field(
+        default=True,
+        metadata={
+            "help": "Stop a turn at </answer> as Search-R1 does, and append an end-of-sequence token with env_mask 0 "
+            "(so TRL sees the episode as finished, and the model is not trained on a token it did not sample)."
+        },
+    )
+
+    def __post_init__(self):
+        if self.retriever not in RETRIEVERS:
+            raise ValueError(f"`retriever` must be one of {', '.join(RETRIEVERS)}; got {self.retriever!r}.")
+        if self.retrieval_url and self.retrieval_corpus:
+            raise ValueError("Give either `retrieval_url` (a running server) or `retrieval_corpus`, not both.")
+        for name in ("max_search_turns", "retrieval_topk", "max_obs_tokens", "max_turn_tokens", "retrieval_retries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an integer >= 1; got {value!r}.")
+        for name in ("retrieval_timeout", "server_start_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"`{name}` must be a finite number of seconds > 0; got {value!r}.")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.retrieval_url or self.retrieval_corpus)

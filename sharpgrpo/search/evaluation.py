@@ -1,0 +1,96 @@
+"""``--task search_qa`` of ``sharpgrpo.eval``: the training rollout (same episodes, same limits), decoded greedily,
+against a retrieval server; reports EM, turns and searches per question, and how often the gold answer was retrieved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sharpgrpo.search.rollout import HFGenerateBackend, SearchLimits, answer_retrieved, run_episodes
+
+
+class SearchEvalGenerator:
+    """Wraps the evaluator's ``TransformersGenerator``: ``generate(prompts, settings, seed)`` runs one Search-R1
+    episode per prompt and returns the evaluator's sample dicts plus a ``search`` entry per sample."""
+
+    def __init__(self, generator, client, search_args):
+        from sharpgrpo.evaluation.generation import TransformersGenerator
+
+        if not isinstance(generator, TransformersGenerator):
+            raise TypeError("search_qa evaluates with the transformers backend; pass --backend transformers.")
+        self.generator, self.client, self.search_args = generator, client, search_args
+
+    def prompts_per_call(self, n: int) -> int:
+        return self.generator.prompts_per_call(n)
+
+    def generate(self, prompts: Sequence, settings, seed: int = 0) -> list[list[dict]]:
+        import torch
+        from transformers import GenerationConfig
+
+        from sharpgrpo.evaluation.generation import encode_prompts
+
+        if not settings.greedy:
+            raise ValueError("search_qa is evaluated greedily (one episode per question).")
+        tokenizer, model = self.generator.tokenizer, self.generator.model
+        prompt_ids = encode_prompts(tokenizer, prompts, self.generator.apply_chat_template)
+        config = GenerationConfig(do_sample=False, eos_token_id=self.generator.eos_ids, pad_token_id=self.generator.pad_id)
+        backend = HFGenerateBackend(model, tokenizer, config)
+        limits = SearchLimits.from_args(self.search_args, settings.max_new_tokens)
+        torch.manual_seed(seed)
+        episodes = run_episodes(
+            prompt_ids, backend, lambda q: self.client.retrieve(q, limits.retrieval_topk), tokenizer, limits
+        )
+        samples = []
+        for episode in episodes:
+            samples.append(
+                [
+                    {
+                        "text": tokenizer.decode(episode.completion_ids, skip_special_tokens=True),
+                        "num_tokens": sum(episode.env_mask),
+                        "truncated": episode.truncated,
+                        "search": {
+                            "turns": episode.turns,
+                            "searches": episode.searches,
+                            "queries": episode.queries,
+                            "retrieved": episode.retrieved,
+                            "end": episode.end_reason,
+                        },
+                    }
+                ]
+            )
+        return samples
+
+
+def search_summary(records: Sequence[dict]) -> dict[str, float | None]:
+    """Mean turns and searches per question, and the share whose gold answer occurs in a retrieved passage."""
+    from sharpgrpo.search.rollout import Episode
+
+    info = [(r, r.get("search") or [None]) for r in records]
+    rows = [(r, s[0]) for r, s in info if s[0] is not None]
+    if not rows:
+        return {"turns_mean": None, "searches_mean": None, "frac_answer_retrieved": None}
+    hits = [
+        answer_retrieved(Episode(retrieved=list(s["retrieved"])), r["reference"]["golden_answers"]) for r, s in rows
+    ]
+    return {
+        "turns_mean": sum(s["turns"] for _, s in rows) / len(rows),
+        "searches_mean": sum(s["searches"] for _, s in rows) / len(rows),
+        "frac_answer_retrieved": sum(hits) / len(rows),
+    }
+
+
+def search_generator(config, generator, workdir, stack):
+    """The search generator for ``evaluate``: a retrieval session entered on ``stack`` (stopped with it)."""
+    from sharpgrpo.search.config import SearchArguments
+    from sharpgrpo.search.session import retrieval_session
+
+    search_args = SearchArguments(
+        retrieval_url=config.retrieval_url,
+        retrieval_corpus=config.retrieval_corpus,
+        max_search_turns=config.max_search_turns,
+        retrieval_topk=config.retrieval_topk,
+    )
+    if not search_args.enabled:
+        raise ValueError("--task search_qa needs --retrieval_url or --retrieval_corpus.")
+    client = stack.enter_context(retrieval_session(search_args, workdir))
+    return SearchEvalGenerator(generator, client, search_args)

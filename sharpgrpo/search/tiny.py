@@ -1,0 +1,113 @@
+"""A tiny offline model for the search setting: ``sharpgrpo-tiny`` plus single tokens for Search-R1's tags, warm-started
+on synthetic Search-R1 episodes (prompt, ``<think>``, ``<search>``, retrieved ``<information>``, ``<answer>``).
+
+It is cached apart from ``sharpgrpo-tiny`` (``$SHARPGRPO_CACHE/tiny-search-qwen2-v{TINY_SEARCH_VERSION}``) and
+resolved from the name ``sharpgrpo-tiny-search``. The warm start teaches the format only (the loss skips the prompt
+and the retrieved text, as RL does); whether the answer is right is left to RL. About 30-60 s of CPU time.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from sharpgrpo.search.format import INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_OPEN, information_block, make_prompt
+
+TINY_SEARCH_NAME = "sharpgrpo-tiny-search"
+TINY_SEARCH_VERSION = 1  # bump when the build changes
+SEARCH_TAG_TOKENS = [SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE]
+_WORDS = ["river", "city", "king", "queen", "film", "song", "author", "river", "painter", "island", "bridge", "tower", "battle", "novel", "league", "team", "mountain", "lake", "empire", "church", "school", "castle", "opera", "poet", "village", "prize", "museum", "valley", "harbour", "temple", "forest", "desert"]
+_NAMES = ["Alder", "Brisa", "Corvin", "Dalia", "Elbrus", "Fenna", "Galen", "Hesper", "Ilona", "Jorun", "Kasimir", "Liesel", "Marek", "Nerys", "Odile", "Piran"]
+
+
+def search_episode(rng: random.Random) -> tuple[str, str, str, str]:
+    """(prompt, first turn, information block, last turn) of one synthetic episode."""
+    subject = f"{rng.choice(_NAMES)} {rng.choice(_WORDS)}"
+    relation = rng.choice(["founded", "wrote", "built", "won", "named"])
+    answer = rng.choice(_NAMES)
+    question = f"Who {relation} the {subject}"
+    passages = "\n".join(
+        [f'Doc 1(Title: "{subject}") The {subject} was {relation} by {answer}.']
+        + [f'Doc {i}(Title: "{rng.choice(_NAMES)} {rng.choice(_WORDS)}") A {rng.choice(_WORDS)} in {rng.choice(_NAMES)}.'
+           for i in (2, 3)]
+    )
+    first = f"<think> I need to find who {relation} the {subject}. </think>\n{SEARCH_OPEN} {question} {SEARCH_CLOSE}"
+    last = f"<think> Doc 1 says {answer}. </think>\n<answer> {answer} </answer>"
+    return make_prompt(question), first, information_block(passages), last
+
+
+def build_search_tokenizer():
+    from sharpgrpo.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens(SEARCH_TAG_TOKENS)
+    return tokenizer
+
+
+def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int = 120, seed: int = 0,
+                            overwrite: bool = False, batch_size: int = 8, lr: float = 3e-3) -> Path:
+    """Build (or reuse) the tiny search model in ``directory``; see the module docstring."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    directory = Path(directory)
+    if (directory / "config.json").exists() and not overwrite:
+        return directory
+    torch.manual_seed(seed)
+    tokenizer = build_search_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    model.train()
+    from tqdm.auto import tqdm
+
+    for _ in tqdm(range(warm_start_steps), desc="warm start (tiny search model)", disable=warm_start_steps < 50):
+        rows, labels = [], []
+        for _ in range(batch_size):
+            prompt, first, info, last = search_episode(rng)
+            # Only the prompt's last line: the instruction before it is the same in every prompt, and RoPE models
+            # attend by relative position, so dropping it makes each step ~4x cheaper for the same format.
+            prompt = prompt[prompt.rindex("Question:") :]
+            parts = [(encode(prompt), False), (encode(first), True), (encode(info), False),
+                     (encode(last) + [tokenizer.eos_token_id], True)]
+            ids = [t for p, _ in parts for t in p]
+            rows.append(ids)
+            labels.append([t if trained else -100 for p, trained in parts for t in p])
+        width = max(len(r) for r in rows)
+        input_ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+        attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    if (directory / "config.json").exists():
+        import shutil
+
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory
+
+
+def resolve_search_model_name(name_or_path: str) -> str:
+    """``sharpgrpo-tiny-search`` -> its cached build; anything else unchanged."""
+    if name_or_path != TINY_SEARCH_NAME:
+        return name_or_path
+    from sharpgrpo.tiny import default_cache_dir
+
+    return str(build_tiny_search_model(default_cache_dir() / f"tiny-search-qwen2-v{TINY_SEARCH_VERSION}"))

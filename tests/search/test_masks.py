@@ -1,0 +1,85 @@
+"""Masks everywhere: tokens with mask 0 (retrieved passages) do not change any advantage strategy's output on the
+other tokens. Each strategy runs on a batch with masked spans inside the completions and on the same batch with
+those spans cut out; the outputs on the remaining tokens must agree, whatever the masked tokens hold."""
+
+import pytest
+import torch
+
+from sharpgrpo import SharpGRPOConfig
+from sharpgrpo.strategies import STRATEGIES, GenerationBatch
+
+G, GROUPS, T, H, V = 4, 2, 12, 8, 24
+
+
+def make_batch(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows = G * GROUPS
+    lengths = torch.randint(6, T + 1, (rows,), generator=gen)
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    env = torch.zeros(rows, T)
+    for row in range(rows):  # an observation span inside each completion
+        start = int(torch.randint(1, 3, (1,), generator=gen))
+        env[row, start : start + 3] = 1
+    env = env * mask
+    rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 0, 0])
+    group = rewards.view(GROUPS, G)
+    adv = ((group - group.mean(1, keepdim=True)) / (group.std(1, keepdim=True) + 1e-4)).view(-1)
+    return dict(
+        old_logps=-torch.rand(rows, T, generator=gen) * 3,
+        loss_mask=mask * (1 - env),
+        completion_ids=torch.randint(0, V, (rows, T), generator=gen),
+        advantages=adv.unsqueeze(1).expand(rows, T).clone(),
+        rewards=rewards,
+        group_ids=torch.arange(GROUPS).repeat_interleave(G),
+        hidden_states=torch.randn(rows, T, H, generator=gen),
+        unembedding_weight=torch.randn(V, H, generator=gen),
+    )
+
+
+def to_batch(parts):
+    return GenerationBatch(
+        old_logps=parts["old_logps"], completion_mask=parts["loss_mask"], completion_ids=parts["completion_ids"],
+        advantages=parts["advantages"], rewards=parts["rewards"], group_ids=parts["group_ids"], num_generations=G,
+        hidden_states=parts["hidden_states"], unembedding_weight=parts["unembedding_weight"], unembedding_bias=None,
+        temperature=1.0,
+    )
+
+
+def compact(parts):
+    """The same batch with the masked tokens removed (valid tokens moved left, right padded)."""
+    keep = parts["loss_mask"].bool()
+    out = dict(parts)
+    for key in ("old_logps", "completion_ids", "advantages", "hidden_states", "loss_mask"):
+        value = parts[key]
+        new = torch.zeros_like(value)
+        for row in range(value.size(0)):
+            kept = value[row][keep[row]]
+            new[row, : kept.size(0)] = kept
+        out[key] = new
+    return out
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory):
+    names = ["ar", "cw_grpo", "thr", "nthr", "passk_mixed"]
+    return SharpGRPOConfig(output_dir=str(tmp_path_factory.mktemp("out")), strategies=names, num_generations=G,
+                           use_cpu=True, report_to="none", passk_k=2)
+
+
+@pytest.mark.parametrize("name", ["ar", "cw_grpo", "thr", "nthr", "passk_mixed"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_masked_tokens_do_not_change_strategy_outputs(args, name, seed):
+    strategy = STRATEGIES.get(name)(args)
+    parts = make_batch(seed)
+    masked = parts["loss_mask"] == 0
+    garbage = dict(parts)  # arbitrary content on the masked tokens
+    garbage["old_logps"] = parts["old_logps"].masked_fill(masked, -20.0)
+    garbage["completion_ids"] = parts["completion_ids"].masked_fill(masked, 3)
+    garbage["hidden_states"] = parts["hidden_states"].masked_fill(masked.unsqueeze(-1), 50.0)
+    full, _ = strategy.token_advantages(to_batch(garbage))
+    short_parts = compact(parts)
+    short, _ = strategy.token_advantages(to_batch(short_parts))
+    keep = parts["loss_mask"].bool()
+    for row in range(full.size(0)):
+        n = int(keep[row].sum())
+        torch.testing.assert_close(full[row][keep[row]], short[row, :n], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,132 @@
+"""Really training the tiny search model a few steps with multi-turn rollouts against a self-started retrieval server:
+search/* is logged, retrieved tokens are masked (tool_mask), get exactly zero gradient, and the server is stopped."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="search training needs the `search` extra (fastapi, uvicorn, bm25s)")
+pytest.importorskip("uvicorn", reason="search training needs the `search` extra (fastapi, uvicorn, bm25s)")
+pytest.importorskip("bm25s", reason="search training needs the `search` extra (fastapi, uvicorn, bm25s)")
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+CORPUS = ['"Paris"\nParis is the capital of France.', '"Berlin"\nBerlin is the capital of Germany.',
+          '"Rome"\nRome is the capital of Italy.']
+QUESTIONS = [("What is the capital of France?", ["Paris"]), ("What is the capital of Germany?", ["Berlin"])]
+
+
+@pytest.fixture
+def search_model(search_model_path):
+    return search_model_path
+
+
+def make_args(tmp_path, model_path, **overrides):
+    from transformers import AutoTokenizer
+    from trl import ModelConfig
+
+    import train
+    from sharpgrpo import SharpGRPOConfig
+    from sharpgrpo.search.config import SearchArguments
+    from sharpgrpo.search.format import make_prompt
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": c}) + "\n" for i, c in enumerate(CORPUS)))
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"prompt": make_prompt(q), "golden_answers": a}) + "\n" for q, a in QUESTIONS))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    # Favour the search tags so that the untrained model searches in every episode.
+    ids = tokenizer.convert_tokens_to_ids(["<search>", "</search>"])
+    bias = {(ids[0],): 8.0, (ids[1],): 7.0}
+    config = dict(
+        output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        max_steps=2, per_device_train_batch_size=4, num_generations=2, max_completion_length=64, temperature=1.0,
+        learning_rate=1e-3, beta=0.0, loss_type="dapo", logging_steps=1, strategies=["grpo_sg"], seed=0,
+        generation_kwargs={"sequence_bias": bias},
+    )
+    config.update(overrides)
+    task = train.TaskArguments(dataset_name=str(data), reward_funcs=["qa_em"], plot=False)
+    search = SearchArguments(retrieval_corpus=str(corpus), max_search_turns=2, retrieval_topk=2, max_obs_tokens=24,
+                             max_turn_tokens=12, server_start_timeout=60)
+    return task, SharpGRPOConfig(**config), ModelConfig(model_name_or_path=model_path), search
+
+
+def test_search_training_logs_metrics_masks_and_stops_server(tmp_path, search_model):
+    import train
+
+    task, args, model_args, search = make_args(tmp_path, search_model, strategies=["grpo_sg", "cw_grpo"])
+    trainer = train.main(task, args, model_args, search)
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2
+    for entry in logs:
+        for name in ("search/turns_mean", "search/calls_mean", "search/frac_truncated", "search/latency_ms",
+                     "search/frac_answer_retrieved"):
+            assert name in entry, name
+        assert 1 <= entry["search/turns_mean"] <= 3 and 0 <= entry["search/calls_mean"] <= 2
+        assert (entry["search/latency_ms"] > 0) == (entry["search/calls_mean"] > 0)
+    assert sum(entry["search/calls_mean"] for entry in logs) > 0
+    assert not list((tmp_path / "run").glob("retrieval_server.*.port"))  # the server was stopped
+
+
+def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
+    import train
+    from sharpgrpo.search.session import retrieval_session, search_rollout
+
+    task, args, model_args, search = make_args(tmp_path, search_model, max_steps=1)
+    with retrieval_session(search, args.output_dir) as client:
+        trainer = train._main(task, args, model_args, rollout_func=search_rollout(search, client))
+        inputs = [trainer.train_dataset[i // 2] for i in range(4)]
+        trainer.model.train()
+        output = trainer._generate_and_score_completions(inputs)
+    tool_mask, completion_mask = output["tool_mask"], output["completion_mask"]
+    assert ((tool_mask == 0) & (completion_mask == 1)).any()  # retrieved tokens inside the completions
+    output["advantages"] = torch.randn(4)  # nonzero advantages on every row, so every sampled token has a gradient
+    captured = {}
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def capturing(*a, **k):
+        logps, entropies, aux = forward(*a, **k)
+        logps.retain_grad()
+        captured["logps"] = logps
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = capturing
+    loss = trainer._compute_loss(trainer.model, output)
+    loss.backward()
+    grad = captured["logps"].grad
+    assert torch.all(grad[tool_mask == 0] == 0)
+    assert (grad[(tool_mask == 1) & (completion_mask == 1)] != 0).all()
+
+
+def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
+    import time
+
+    import train
+    from sharpgrpo.search.client import RetrievalClient, RetrievalError
+    from sharpgrpo.search.server import RetrievalServerProcess
+    from sharpgrpo.search.session import search_rollout
+
+    task, args, model_args, search = make_args(tmp_path, search_model, max_steps=4)
+    server = RetrievalServerProcess(search.retrieval_corpus, start_timeout=60)
+    url = server.start()
+    try:
+        rollout = search_rollout(search, RetrievalClient(url, timeout=1.0, retries=2, backoff=0.05))
+        calls = []
+
+        def dying_rollout(prompts, trainer):
+            if calls:  # the server dies after the first generation batch
+                server.process.kill()
+                server.process.wait()
+            calls.append(1)
+            return rollout(prompts, trainer)
+
+        start = time.monotonic()
+        with pytest.raises(RetrievalError, match=f"{url}/retrieve failed 2 time"):
+            train._main(task, args, model_args, rollout_func=dying_rollout)
+        assert time.monotonic() - start < 60 and len(calls) >= 2
+    finally:
+        server.stop()
