@@ -20,7 +20,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from reward_fns import get_reward_function
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.data import load_train_dataset
-from sharpgrpo.demo import register_demo
+from sharpgrpo.tasks import register_tasks
 from sharpgrpo.tiny import resolve_model_name
 
 
@@ -51,7 +51,7 @@ class TaskArguments:
 
 
 def main(task: TaskArguments, training_args: SharpGRPOConfig, model_args: ModelConfig) -> SharpGRPOTrainer:
-    register_demo()
+    register_tasks()
     model_path = resolve_model_name(model_args.model_name_or_path or "sharpgrpo-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
