@@ -63,11 +63,13 @@ class StrategySpec:
 
 def parse_strategy(entry: str) -> StrategySpec:
     """``grpo_sg``, ``grpo_sg+thr``, ``thr:thr_p=-0.1`` or ``thr:thr_p=-0.1,thr_beta=2`` as a :class:`StrategySpec`."""
-    names_part, _, params_part = entry.partition(":")
+    names_part, colon, params_part = entry.partition(":")
     names = tuple(n.strip() for n in names_part.split("+"))
     if not names_part.strip() or any(not n for n in names):
         raise ValueError(f"Strategy entry {entry!r} has an empty strategy name (expected NAME[+NAME][:field=value]).")
     params = []
+    if colon and not params_part.strip():
+        raise ValueError(f"Strategy entry {entry!r} ends with ':' but sets no parameter (expected field=value).")
     if params_part:
         for item in params_part.split(","):
             key, sep, value = item.partition("=")
