@@ -217,7 +217,7 @@ def run_all(runs: list[Run], jobs: int, python: str, threads: int, timeout: floa
             except Exception as error:  # noqa: BLE001 - one broken run must not stop the others
                 run.status, run.error = "failed", repr(error)
             if run.status == "failed":
-                bar.write(f"FAILED {run.spec.label} seed {run.seed}: {run.error}; log: {run.log}")
+                bar.write(f"FAILED {run.spec.label} seed {run.seed}: {run.error}; log: {_shown(run.log)}")
             bar.set_postfix(failed=sum(r.status == "failed" for r in runs))
             bar.update(1)
     return runs
@@ -240,6 +240,14 @@ def collect(runs: list[Run], spike_factor: float) -> tuple[dict[str, dict[int, d
         per_run[run.spec.label][run.seed] = run_metrics(history, eval_result, spike_factor)
         histories[run.spec.label][run.seed] = history
     return per_run, histories
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it lies below it (reports carry no machine paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _number(value, digits: int = 4) -> str:
@@ -275,7 +283,7 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
               f"{sum(r.status == 'skipped' for r in runs)} reused, {len(failed)} failed.", ""]  # fmt: skip
     if failed:
         lines += ["Failed runs (left out of the statistics):", ""]
-        lines += [f"- {r.spec.label} seed {r.seed}: {r.error} (log: `{r.log}`)" for r in failed]
+        lines += [f"- {r.spec.label} seed {r.seed}: {r.error} (log: `{_shown(r.log)}`)" for r in failed]
         lines.append("")
     lines += ["## Per strategy", ""]
     headers = ["Strategy", "Seeds"] + [titles[n] for n in names]
@@ -349,8 +357,8 @@ def write_report(
     summary["spike_factor"] = spike_factor
     summary["command"] = command
     summary["runs"] = [
-        {"strategy": r.spec.label, "seed": r.seed, "status": r.status, "directory": str(r.directory),
-         "log": str(r.log), "error": r.error, "metrics": per_run.get(r.spec.label, {}).get(r.seed)}
+        {"strategy": r.spec.label, "seed": r.seed, "status": r.status, "directory": _shown(r.directory),
+         "log": _shown(r.log), "error": r.error, "metrics": per_run.get(r.spec.label, {}).get(r.seed)}
         for r in runs
     ]  # fmt: skip
     output.mkdir(parents=True, exist_ok=True)
@@ -425,7 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if failed:
         print(f"{len(failed)} run(s) failed:", file=sys.stderr)
         for run in failed:
-            print(f"  {run.spec.label} seed {run.seed}: {run.error}; log: {run.log}", file=sys.stderr)
+            print(f"  {run.spec.label} seed {run.seed}: {run.error}; log: {_shown(run.log)}", file=sys.stderr)
     return summary
 
 
