@@ -87,7 +87,29 @@ def kk_score(text: str, solution_text_format: str) -> float:
     return format_score + (ANSWER_CORRECT if predicted == gold else ANSWER_WRONG)
 
 
-@register_reward("kk", columns=("solution_text_format",))
+def kk_answer_check(prompts, completions, solution_text_format, **kwargs) -> list[bool | None]:
+    """The K&K answer check, independent of the format term (METHODS §3): the last ``<answer>...</answer>`` block
+    parses (the training reward's parser, :func:`parse_answer`) and every person's role matches the solution.
+
+    This is the "correct" of THR's positive set and pass@k's c: with the +-1 format term of :func:`kk_reward`, a
+    group-normalised advantage A > 0 does not imply a right answer. None for rows without a gold."""
+    completions = as_list(completions)
+    count = len(completions)
+    prompts = per_completion(prompts, count)
+    golds = per_completion(solution_text_format, count)
+    verdicts: list[bool | None] = []
+    for prompt, completion, gold in zip(prompts, completions, golds, strict=True):
+        if gold is None:
+            verdicts.append(None)
+            continue
+        solution = parse_gold(str(gold))
+        answer = last_answer(scored_text(prompt, completion))
+        predicted = parse_answer(answer, list(solution)) if answer else None
+        verdicts.append(bool(solution) and predicted == solution)
+    return verdicts
+
+
+@register_reward("kk", columns=("solution_text_format",), answer_check=kk_answer_check)
 def kk_reward(prompts, completions, solution_text_format, **kwargs) -> list[float | None]:
     """Logic-RL K&K training reward for TRL: one of 3, -0.5, -1, -3 per completion.
 

@@ -291,7 +291,14 @@ def math_correct(completion: Any, answer: Any, verifier: MathVerifier | None = N
     return (verifier or DEFAULT_VERIFIER).equivalent(prediction, [gold_to_latex(gold) for gold in golds])
 
 
-@register_reward("math", columns=("answer",))
+def math_answer_check(prompts, completions, answer, **kwargs) -> list[bool | None]:
+    """math-verify equivalence of the last ``\\boxed{}`` with the gold (:func:`math_correct`); None without a gold."""
+    completions = as_list(completions)
+    golds = per_completion(answer, len(completions))
+    return [None if gold is None else math_correct(c, gold) for c, gold in zip(completions, golds, strict=True)]
+
+
+@register_reward("math", columns=("answer",), answer_check=math_answer_check)
 def math_reward(prompts, completions, answer, **kwargs) -> list[float | None]:
     """Binary math reward for TRL: 1.0 if the last ``\\boxed{}`` is math-verify-equivalent to ``answer``, else 0.0.
 

@@ -56,7 +56,18 @@ def exact_match(prediction: str, golden_answers: Any) -> bool:
     return any(normalize_answer(gold) == normalized for gold in gold_answers(golden_answers))
 
 
-@register_reward("qa_em", columns=("golden_answers",))
+def qa_em_answer_check(prompts, completions, golden_answers, **kwargs) -> list[bool | None]:
+    """Exact match of the last ``<answer>`` block (the reward's own test, as a verdict; None without a gold)."""
+    completions = as_list(completions)
+    golds = per_completion(golden_answers, len(completions))
+    verdicts: list[bool | None] = []
+    for completion, gold in zip(completions, golds, strict=True):
+        answer = None if gold is None else extract_answer(completion_text(completion))
+        verdicts.append(None if gold is None else answer is not None and exact_match(answer, gold))
+    return verdicts
+
+
+@register_reward("qa_em", columns=("golden_answers",), answer_check=qa_em_answer_check)
 def qa_em_reward(prompts, completions, golden_answers, **kwargs) -> list[float | None]:
     """+1 / -1 exact match of the last ``<answer>`` block against ``golden_answers`` (a string or a list per row).
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from sharpgrpo.strategies.covariance import CW_SCOPES
+from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES
 from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
 
 WEIGHT_PLACEMENTS = ("ratio", "loss")
@@ -54,12 +54,15 @@ class SharpGRPOConfig(GRPOConfig):
     sg_lower: float = field(default=1.0, metadata={"help": "L in GRPO-SG Eq. 19: lower clip of the weight."})
     sg_upper: float = field(default=1.4, metadata={"help": "U in GRPO-SG Eq. 19: upper clip of the weight."})
     weight_placement: str = field(
-        default="ratio",
+        default="loss",
         metadata={
-            "help": "Where a token weight w enters the surrogate. `ratio` (default; GRPO-SG Eq. 13 and Lemma 3.4 as "
-            "printed): min(w*r*A, clip(w*r, 1-eps_low, 1+eps_high)*A); note that on-policy a token with "
-            "w > 1+eps_high and A > 0 is clipped and gets no gradient (logged as token_weight/frac_grad_clipped). "
-            "`loss`: w * min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)."
+            "help": "Where a token weight w enters the surrogate (METHODS §1, revised). `loss` (default; TR-GRPO: "
+            "\"preserves the GRPO gradient structure up to the multiplicative factor w\", GRPO-SG Theorem 3.5's "
+            "g = gamma * w * grad log pi): w * min(r*A, clip(r, 1-eps_low, 1+eps_high)*A). `ratio` (GRPO-SG Eq. 13 "
+            "as printed, kept as an ablation): min(w*r*A, clip(w*r, 1-eps_low, 1+eps_high)*A); on-policy every "
+            "token with w > 1+eps_high and A > 0 is clipped and gets no gradient (with the defaults every "
+            "positive-advantage token with p > 0.212), so choosing it warns with that probability; logged as "
+            "token_weight/frac_grad_clipped."
         },
     )
     kl_weighting: str = field(
@@ -95,6 +98,15 @@ class SharpGRPOConfig(GRPOConfig):
         metadata={
             "help": "`cw_grpo`: scope of the covariance statistics, `group` (default; the G completions of one "
             "prompt) or `batch` (the whole generation batch, all processes)."
+        },
+    )
+    cw_advantage_mean: str = field(
+        default="response",
+        metadata={
+            "help": "`cw_grpo`: how mean(A) in c = (logp - mean(logp)) (A - mean(A)) is taken (METHODS §2, revised; "
+            "the paper: \"computed over responses\"). `response` (default): each response counted once (0 for "
+            "group-normalised A). `token`: masked token mean, i.e. weighted by completion length (the earlier "
+            "default; makes a group's weights depend on how long its wrong answers are)."
         },
     )
     cw_sigma_eps: float = field(
@@ -192,6 +204,7 @@ class SharpGRPOConfig(GRPOConfig):
         choice("loss_type", self.loss_type, SUPPORTED_LOSS_TYPES)
         choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         choice("cw_scope", self.cw_scope, CW_SCOPES)
+        choice("cw_advantage_mean", self.cw_advantage_mean, CW_ADVANTAGE_MEANS)
         choice("thr_vocab", self.thr_vocab, THR_VOCABS)
         if self.sg_tau <= 0:
             raise ValueError(f"`sg_tau` must be > 0; got {self.sg_tau}.")
@@ -223,6 +236,46 @@ class SharpGRPOConfig(GRPOConfig):
             )
         if "grpo_sg" in self.strategies or "reverse" in self.strategies:
             self._warn_if_flat_weights()
+        if self.weight_placement == "ratio" and "weight" in kinds:
+            self._warn_ratio_placement()
+
+    def _warn_ratio_placement(self) -> None:
+        """`weight_placement: ratio` silences positive-advantage tokens with w > 1 + epsilon_high on-policy; say
+        which (computed from the configured weights and epsilon_high, METHODS §1)."""
+        from sharpgrpo.strategies.probability_shaping import (
+            probability_shaping_weights,
+            ratio_silenced_range,
+            reverse_probability_shaping_weights,
+        )
+
+        eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+        params = (self.sg_alpha, self.sg_mu, self.sg_tau, self.sg_lower, self.sg_upper)
+        if "grpo_sg" in self.strategies or "reverse" in self.strategies:
+            shaping = reverse_probability_shaping_weights if "reverse" in self.strategies else probability_shaping_weights
+            found = ratio_silenced_range(lambda p: shaping(p, *params), eps_high)
+            if found is None:
+                which = "no token probability p in [0, 1] (w never exceeds 1 + epsilon_high)"
+            elif found == (0.0, 1.0):
+                which = "every token probability p in [0, 1]"
+            elif found[1] == 1.0:
+                which = f"every token probability p > {found[0]:.3f}"
+            else:
+                which = f"every token probability p < {found[1]:.3f}"
+        elif "random" in self.strategies:
+            low, high = self.random_weight_low, self.random_weight_high
+            span = max(high - low, 1e-12)
+            fraction = min(max((high - (1 + eps_high)) / span, 0.0), 1.0)
+            which = f"a random {fraction:.1%} of tokens (w ~ U[{low}, {high}] > 1 + epsilon_high)"
+        else:
+            which = "every token whose weight exceeds 1 + epsilon_high"
+        warnings.warn(
+            f"weight_placement='ratio' (GRPO-SG Eq. 13 as printed): on-policy (r = 1) a positive-advantage token with "
+            f"w * r > 1 + epsilon_high = {1 + eps_high:g} lands in the clipped branch and gets no gradient: here "
+            f"{which}. Confident tokens of correct answers are then only pushed down. `weight_placement: loss` (the "
+            "default) keeps GRPO's gradient times w (METHODS §1).",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _warn_if_flat_weights(self) -> None:
         import torch

@@ -10,7 +10,8 @@ Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three 
   token weight of the weight strategy placed in the ratio or the loss and in the KL term (METHODS §1), keeping
   TRL's entropy mask, off-policy mask, vLLM importance-sampling ratio and metric names. With the ``equal``
   strategy it equals the parent's loss and gradients (tests/integration/test_parity.py);
-* ``_calculate_rewards``: unchanged, but the trainer keeps the rewards for strategies that need them.
+* ``_calculate_rewards``: unchanged, but the trainer keeps the rewards for strategies that need them, and the
+  verdicts of the reward functions' answer checks for strategies that need "correct" (``sharpgrpo.correctness``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.correctness import answer_verdicts, correct_completions
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+from sharpgrpo.strategies.probability_shaping import weighted_clipped_surrogate
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
@@ -68,7 +71,7 @@ STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
     "equal": ("weight_placement", "kl_weighting"),
     "random": ("random_weight_low", "random_weight_high", "random_weight_seed", "weight_placement", "kl_weighting"),
     "ar": ("ar_alpha",),
-    "cw_grpo": ("cw_scope", "cw_sigma_eps"),
+    "cw_grpo": ("cw_scope", "cw_advantage_mean", "cw_sigma_eps"),
     "thr": ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab"),
     "nthr": ("thr_beta", "thr_vocab"),
     "passk_mixed": ("passk_k",),
@@ -131,6 +134,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         )
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
         self._last_rewards_per_func: torch.Tensor | None = None
+        self._last_answer_verdicts: torch.Tensor | None = None
         self._generation_count = 0
         refuse_vllm_request_seed(args)
         super().__init__(model, reward_funcs, args, **kwargs)
@@ -185,6 +189,14 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # gathered over all processes, global row order
+        self._last_answer_verdicts = None  # local rows: the answer checks' verdicts (sharpgrpo.correctness)
+        if any(s.needs_correctness for s in self.advantage_strategies):
+            columns = {key: [example[key] for example in inputs] for key in inputs[0]
+                       if key not in ("prompt", "completion", "completion_ids")}
+            self._last_answer_verdicts = answer_verdicts(
+                self.reward_funcs, prompts, completions,
+                {**columns, "completion_ids": completion_ids_list, "trainer_state": self.state},
+            )
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -237,6 +249,12 @@ class SharpGRPOTrainer(GRPOTrainer):
         if advantages is None:
             raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
         mask = gather_rows(completion_mask)
+        group_ids = gather_rows(output["group_ids"])
+        correct = None
+        if any(s.needs_correctness for s in self.advantage_strategies):
+            verdicts = self._last_answer_verdicts
+            verdicts = None if verdicts is None else gather_rows(verdicts.to(mask.device))
+            correct = correct_completions(verdicts, rewards.to(mask.device), advantages.float(), group_ids)
         with self._full_unembedding(hidden_states is not None) as unembedding:
             batch = GenerationBatch(
                 old_logps=None if old_logps is None else gather_rows(old_logps.float()),
@@ -244,12 +262,13 @@ class SharpGRPOTrainer(GRPOTrainer):
                 completion_ids=gather_rows(completion_ids),
                 advantages=advantages.float().unsqueeze(1).expand_as(mask).clone(),
                 rewards=rewards.to(mask.device).float(),
-                group_ids=gather_rows(output["group_ids"]),
+                group_ids=group_ids,
                 num_generations=num_generations,
                 hidden_states=None if hidden_states is None else gather_rows(hidden_states),
                 unembedding_weight=unembedding[0],
                 unembedding_bias=unembedding[1],
                 temperature=self.temperature,
+                correct=correct,
             )
             token_advantages = batch.advantages
             for strategy in self.advantage_strategies:
@@ -347,7 +366,10 @@ class SharpGRPOTrainer(GRPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self._sharpness_probe_due():
             self._run_sharpness_probe(model, inputs)
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        try:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self._pinned_weights = None  # the probe's weights serve this micro-batch's training loss only
 
     def _sharpness_probe_due(self) -> bool:
         steps = self.args.sharpness_probe_steps
@@ -360,10 +382,14 @@ class SharpGRPOTrainer(GRPOTrainer):
         the random streams are restored exactly; the probe's own loss passes do not add loss metrics).
 
         The loss is the micro-batch loss times the accumulation steps, i.e. on the scale of a whole step's loss.
+        The token weights are drawn once, by the probe's first loss pass, and reused by its ascent pass and by the
+        training loss of the same micro-batch (``_pinned_weights``): the ascent measures the loss the step
+        optimises, and a `random` run with the probe draws exactly the weights of a run without it.
         """
         from sharpgrpo.diagnostics.sharpness import sharpness_probe
 
         self._last_probe_step = self.state.global_step
+        self._pin_next_weights = True
         saved_metrics = {key: list(values) for key, values in self._metrics["train"].items()}
         scale = self.current_gradient_accumulation_steps
         result = sharpness_probe(
@@ -437,7 +463,11 @@ class SharpGRPOTrainer(GRPOTrainer):
 
         weights = None
         if self.weight_strategy is not None:
-            weights = self.weight_strategy.weights(per_token_logps.detach(), mask).detach()
+            weights = getattr(self, "_pinned_weights", None)
+            if weights is None:
+                weights = self.weight_strategy.weights(per_token_logps.detach(), mask).detach()
+                if getattr(self, "_pin_next_weights", False):
+                    self._pinned_weights, self._pin_next_weights = weights, False
 
         if self.beta != 0.0:
             ref_logp_minus_logp = inputs["ref_per_token_logps"] - per_token_logps
@@ -449,13 +479,9 @@ class SharpGRPOTrainer(GRPOTrainer):
             if args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * coef_1
 
-        surrogate_ratio = coef_1 if weights is None or args.weight_placement == "loss" else coef_1 * weights
-        coef_2 = torch.clamp(surrogate_ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
-        if args.delta is not None:
-            surrogate_ratio = torch.clamp(surrogate_ratio, max=args.delta)
-        per_token_loss = -torch.min(surrogate_ratio * advantages, coef_2 * advantages)
-        if weights is not None and args.weight_placement == "loss":
-            per_token_loss = weights * per_token_loss
+        per_token_loss, surrogate_ratio = weighted_clipped_surrogate(
+            coef_1, advantages, weights, args.weight_placement, self.epsilon_low, self.epsilon_high, args.delta
+        )
 
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * off_policy_mask

@@ -49,6 +49,9 @@ class GenerationBatch:
             ``needs_hidden_states``.
         unembedding_weight: (V, H) or None; the LM head weight, with ``unembedding_bias`` (V,) or None.
         temperature: the sampling temperature that scales the logits.
+        correct: (B,) bool or None; whether each completion is correct (``sharpgrpo.correctness``: the reward
+            functions' answer checks, else the METHODS §3 fallback). Filled when a strategy sets
+            ``needs_correctness``; strategies read it through ``sharpgrpo.correctness.batch_correct``.
     """
 
     old_logps: torch.Tensor | None
@@ -62,6 +65,7 @@ class GenerationBatch:
     unembedding_weight: torch.Tensor | None = None
     unembedding_bias: torch.Tensor | None = None
     temperature: float = 1.0
+    correct: torch.Tensor | None = None
 
 
 class TokenWeightStrategy:
@@ -94,6 +98,7 @@ class AdvantageStrategy:
     kind: ClassVar[str] = "advantage"
     needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
     needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
+    needs_correctness: ClassVar[bool] = False  # fill GenerationBatch.correct (runs the answer checks)
 
     def __init__(self, args: Any):
         self.args = args

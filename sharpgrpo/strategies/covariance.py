@@ -14,11 +14,14 @@ Decisions (METHODS §2, where the paper is silent or loose):
 * The statistics are taken over a *scope*: the group (default, the paper's sums run over the G responses of one
   prompt) or the whole generation batch. The caller passes whole scopes; under multi-process training it must
   gather the groups first so that a 2-process run gives the weights of a 1-process run.
-* ``mean(logp)`` and ``mean(A)`` are masked **token** means over the scope, and ``sigma`` is the population
-  standard deviation (divide by N) of ``c`` over the scope's valid tokens. Because the advantages arrive per
-  token, with TRL's broadcast ``A[i]`` the token mean of A is the completion-length-weighted mean
-  ``sum_i |o_i| A[i] / sum_i |o_i|``. It is *not* the per-response mean ``(1/G) sum_i A[i]`` (which is 0 for
-  group-normalised advantages); the two coincide only when all completions of the scope have the same length.
+* ``mean(logp)`` is the masked **token** mean over the scope and ``sigma`` the population standard deviation
+  (divide by N) of ``c`` over the scope's valid tokens. ``mean(A)`` (revised, METHODS §2; the paper: "computed over
+  responses") counts each response once by default (``advantage_mean="response"``: the mean over the scope's
+  responses with a valid token of each response's advantage, its masked token mean; 0 for group-normalised A), so
+  a group's weights do not depend on how long its wrong answers are. ``advantage_mean="token"`` (the earlier
+  default) takes the masked token mean, the completion-length-weighted ``sum_i |o_i| A[i] / sum_i |o_i|``; it
+  moves the centre towards the longer completions' advantage (a group whose wrong answers were 6x longer gave its
+  correct-answer tokens mean weight 0.60 instead of 1.07).
 * ``logp`` is the detached log-probability of the policy that sampled the tokens (equal to the current policy
   on-policy; the paper writes log pi_theta). Weights are computed once per generation batch, without gradient.
 * If ``sigma < sigma_eps`` (default 1e-8; e.g. a group whose rewards are all equal, so A = 0 and c = 0) the
@@ -40,6 +43,7 @@ import torch
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
 
 CW_SCOPES = ("group", "batch")
+CW_ADVANTAGE_MEANS = ("response", "token")
 DEFAULT_SIGMA_EPS = 1e-8
 
 
@@ -55,12 +59,14 @@ def covariance_gaussian_weights(
     mask: torch.Tensor,
     scope_ids: torch.Tensor,
     sigma_eps: float = DEFAULT_SIGMA_EPS,
+    advantage_mean: str = "response",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CW-GRPO §2.3 (c_{i,t}, w_{i,t}, w~_{i,t}); METHODS §2. Token weights w~ that multiply the advantages.
 
     For every scope (the rows sharing a ``scope_ids`` value), over its valid tokens (``mask`` = 1), N of them:
 
-        c[i,t]  = (logp[i,t] - mean(logp)) * (A[i,t] - mean(A))     masked token means over the scope
+        c[i,t]  = (logp[i,t] - mean(logp)) * (A[i,t] - mean(A))     mean(logp): masked token mean over the scope;
+                                                                     mean(A): see ``advantage_mean``
         sigma   = sqrt(mean((c - mean(c))^2))                        population std over the scope
         w[i,t]  = exp(-c[i,t]^2 / (2 sigma^2))                       w = 1 where sigma < sigma_eps
         w~[i,t] = w[i,t] * N / sum(w)
@@ -69,8 +75,9 @@ def covariance_gaussian_weights(
     broadcast over T); mask (B, T) {0, 1} or bool; scope_ids (B,) integer, any values (rows of a scope need not
     be consecutive) -> w_tilde (B, T) in the result dtype of ``logps`` and ``advantages``, 1 on masked positions.
 
-    With TRL's broadcast ``A[i]``, ``mean(A)`` is the length-weighted mean of the completions' advantages (see
-    the module docstring). Values on masked positions are ignored (they may be anything, even non-finite).
+    ``advantage_mean``: ``"response"`` (default) averages the responses' advantages (each row's masked token mean,
+    i.e. A[i] for TRL's broadcast advantages) over the scope's rows that have a valid token, each counted once;
+    ``"token"`` takes the masked token mean (length-weighted; see the module docstring). Values on masked positions are ignored (they may be anything, even non-finite).
     No gradient flows: the result never requires grad.
 
     Returns ``(w_tilde, stats)``, ``stats`` plain floats over the whole batch passed in (call it on the gathered
@@ -98,6 +105,8 @@ def covariance_gaussian_weights(
         raise ValueError(f"scope_ids must be (B,) = ({logps.shape[0]},); got {tuple(scope_ids.shape)}.")
     if sigma_eps < 0:
         raise ValueError(f"sigma_eps must be >= 0; got {sigma_eps}.")
+    if advantage_mean not in CW_ADVANTAGE_MEANS:
+        raise ValueError(f"advantage_mean must be one of {CW_ADVANTAGE_MEANS}; got {advantage_mean!r}.")
 
     out_dtype = torch.result_type(logps, advantages)
     if not out_dtype.is_floating_point:
@@ -118,7 +127,16 @@ def covariance_gaussian_weights(
         count = _scope_sum(validf, inverse, num_scopes)  # (S,) valid tokens N per scope
         safe_count = count.clamp(min=1.0)
         mean_logp = _scope_sum(logp, inverse, num_scopes) / safe_count  # (S,)
-        mean_adv = _scope_sum(adv, inverse, num_scopes) / safe_count  # (S,)
+        if advantage_mean == "token":
+            mean_adv = _scope_sum(adv, inverse, num_scopes) / safe_count  # (S,)
+        else:  # each response once: the mean over rows with a valid token of the row's masked mean advantage
+            row_count = validf.sum(dim=1)
+            has_tokens = (row_count > 0).to(f64)
+            row_adv = adv.sum(dim=1) / row_count.clamp(min=1.0)
+            zeros = torch.zeros(num_scopes, dtype=f64, device=logps.device)
+            rows_per_scope = zeros.clone().index_add_(0, inverse, has_tokens)
+            adv_sum = zeros.clone().index_add_(0, inverse, row_adv * has_tokens)
+            mean_adv = adv_sum / rows_per_scope.clamp(min=1.0)  # (S,)
 
         cov = (logp - mean_logp[inverse, None]) * (adv - mean_adv[inverse, None])  # (B, T) c[i,t]
         cov = torch.where(valid, cov, 0.0)
@@ -189,7 +207,8 @@ class CovarianceWeighting(AdvantageStrategy):
     * ``cw_scope``: ``"group"`` (default; statistics per prompt group, as the paper's sums over G responses) or
       ``"batch"`` (one scope: every completion of the generation batch handed to the strategy, which the trainer
       gathers from all processes);
-    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, METHODS §2).
+    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, METHODS §2);
+    * ``cw_advantage_mean``: ``"response"`` (default) or ``"token"``, how mean(A) is taken (METHODS §2, revised).
 
     ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (METHODS §2), so the
     weights are computed once per generation batch and reused by every optimisation step on it.
@@ -205,6 +224,10 @@ class CovarianceWeighting(AdvantageStrategy):
         self.sigma_eps = DEFAULT_SIGMA_EPS if sigma_eps is None else float(sigma_eps)
         if self.sigma_eps < 0:
             raise ValueError(f"cw_sigma_eps must be >= 0; got {self.sigma_eps}.")
+        self.advantage_mean = getattr(args, "cw_advantage_mean", None) or "response"
+        if self.advantage_mean not in CW_ADVANTAGE_MEANS:
+            choices = ", ".join(map(repr, CW_ADVANTAGE_MEANS))
+            raise ValueError(f"cw_advantage_mean must be one of {choices}; got {self.advantage_mean!r}.")
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Whole groups -> ((B, T) token advantages w~ * batch.advantages, ``cw/*`` metrics of the batch)."""
@@ -213,6 +236,7 @@ class CovarianceWeighting(AdvantageStrategy):
         else:
             scope_ids = torch.zeros(batch.advantages.shape[0], dtype=torch.long, device=batch.advantages.device)
         w_tilde, metrics = covariance_gaussian_weights(
-            batch.old_logps, batch.advantages, batch.completion_mask, scope_ids, sigma_eps=self.sigma_eps
+            batch.old_logps, batch.advantages, batch.completion_mask, scope_ids, sigma_eps=self.sigma_eps,
+            advantage_mean=self.advantage_mean,
         )
         return w_tilde.to(batch.advantages.dtype) * batch.advantages.detach(), metrics

@@ -1,6 +1,7 @@
 """Pass@k-mixed advantages (Chen et al. 2025, "Pass@k Training"; METHODS.md §4; THR paper Sec. 6.2).
 
-Per group of n = G completions with binary rewards, c of them correct:
+Per group of n = G completions, c of them correct (``sharpgrpo.correctness``: the task's answer check, else the
+METHODS §3 fallback; for binary rewards, the completions with reward 1):
 
     rho     = 1 - C(n-c, K) / C(n, K)                      # unbiased pass@K of the group
     sigma   = sqrt(rho (1 - rho))
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.correctness import batch_correct
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
 from sharpgrpo.strategies.thr import group_slices
 
@@ -32,13 +34,17 @@ def _comb(n: int, k: int) -> int:
     return math.comb(n, k)
 
 
-def _check_binary(rewards: torch.Tensor) -> None:
-    if not bool(((rewards == 0) | (rewards == 1)).all()):
-        values = sorted({float(v) for v in rewards.flatten().tolist()})
+def _as_correct(correct: torch.Tensor) -> torch.Tensor:
+    """(G,) bool; a float tensor must hold binary rewards in {0, 1} (1 = correct)."""
+    if correct.dtype == torch.bool:
+        return correct
+    if not bool(((correct == 0) | (correct == 1)).all()):
+        values = sorted({float(v) for v in correct.flatten().tolist()})
         raise ValueError(
-            "passk_mixed needs binary rewards in {0, 1} (METHODS §4); got values "
+            "passk_mixed needs correctness as bool or binary rewards in {0, 1} (METHODS §4); got values "
             f"{values[:8]}{' ...' if len(values) > 8 else ''}. Rescale the reward to 0/1 (1 = correct)."
         )
+    return correct == 1
 
 
 def passk_group_statistics(num_generations: int, num_correct: int, k: int) -> tuple[float, float, float]:
@@ -55,26 +61,28 @@ def passk_group_statistics(num_generations: int, num_correct: int, k: int) -> tu
     return rho, adv_pos, adv_neg
 
 
-def passk_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
-    """Pass@K advantages of one group (METHODS §4). Shapes: rewards (G,) in {0, 1} -> (G,) float32.
+def passk_advantages(correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Pass@K advantages of one group (METHODS §4). Shapes: correct (G,) bool (or binary rewards in {0, 1})
+    -> (G,) float32.
 
-    Raises ValueError for rewards outside {0, 1} or K outside [1, G]."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be (G,), got {tuple(rewards.shape)}")
-    _check_binary(rewards)
-    correct = rewards == 1
-    _, adv_pos, adv_neg = passk_group_statistics(rewards.numel(), int(correct.sum()), k)
-    pos = torch.full(rewards.shape, adv_pos, dtype=torch.float32, device=rewards.device)
-    neg = torch.full(rewards.shape, adv_neg, dtype=torch.float32, device=rewards.device)
+    Raises ValueError for non-binary float input or K outside [1, G]."""
+    if correct.dim() != 1:
+        raise ValueError(f"correct must be (G,), got {tuple(correct.shape)}")
+    correct = _as_correct(correct)
+    _, adv_pos, adv_neg = passk_group_statistics(correct.numel(), int(correct.sum()), k)
+    pos = torch.full(correct.shape, adv_pos, dtype=torch.float32, device=correct.device)
+    neg = torch.full(correct.shape, adv_neg, dtype=torch.float32, device=correct.device)
     return torch.where(correct, pos, neg)
 
 
-def mixed_advantages(grpo_advantages: torch.Tensor, rewards: torch.Tensor, k: int) -> torch.Tensor:
+def mixed_advantages(grpo_advantages: torch.Tensor, correct: torch.Tensor, k: int) -> torch.Tensor:
     """Pass@K-mixed (THR Sec. 6.2): q * A_grpo + (1 - q) * A_passk with q = c / n, for one group.
 
-    Shapes: grpo_advantages (G,) or (G, T); rewards (G,) in {0, 1} -> same shape as grpo_advantages."""
-    passk = passk_advantages(rewards, k).to(grpo_advantages.device, grpo_advantages.dtype)
-    q = float((rewards == 1).sum()) / rewards.numel()
+    Shapes: grpo_advantages (G,) or (G, T); correct (G,) bool (or binary rewards) -> same shape as
+    grpo_advantages."""
+    correct = _as_correct(correct)
+    passk = passk_advantages(correct, k).to(grpo_advantages.device, grpo_advantages.dtype)
+    q = float(correct.sum()) / correct.numel()
     if grpo_advantages.dim() == 2:
         passk = passk[:, None]
     return q * grpo_advantages + (1.0 - q) * passk
@@ -82,14 +90,16 @@ def mixed_advantages(grpo_advantages: torch.Tensor, rewards: torch.Tensor, k: in
 
 @register_strategy("passk_mixed")
 class PassKMixedStrategy(AdvantageStrategy):
-    """Pass@K-mixed advantages (METHODS §4). Config attribute: ``passk_k`` (4). Binary {0, 1} rewards only: the
-    total reward of each completion (``batch.rewards``) must be 0 or 1, otherwise a ValueError explains why.
+    """Pass@K-mixed advantages (METHODS §4). Config attribute: ``passk_k`` (4). c counts the correct completions of
+    each group (``sharpgrpo.correctness.batch_correct``: the reward functions' answer checks, else the METHODS §3
+    fallback, which for binary {0, 1} rewards is reward == 1).
 
     ``batch.advantages`` (B, T) is used as A_grpo (row j's token advantages), so the strategy composes after another
     advantage strategy (e.g. ``thr``); the pass@K term is broadcast over tokens (padding included; the loss masks it).
     Metrics: ``passk/pass_at_k`` (mean rho over groups) and ``passk/mix_q`` (mean q = c / n)."""
 
     needs_old_logps = False
+    needs_correctness = True
 
     def __init__(self, args: Any):
         super().__init__(args)
@@ -100,11 +110,12 @@ class PassKMixedStrategy(AdvantageStrategy):
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         out = batch.advantages.clone()
         rhos, qs = [], []
+        correct = batch_correct(batch)
         for rows in group_slices(batch.group_ids):
-            rewards = batch.rewards[rows]
-            out[rows] = mixed_advantages(batch.advantages[rows], rewards, self.k)
-            num_correct = int((rewards == 1).sum())
-            rhos.append(passk_group_statistics(rewards.numel(), num_correct, self.k)[0])
-            qs.append(num_correct / rewards.numel())
+            group_correct = correct[rows].to(batch.advantages.device)
+            out[rows] = mixed_advantages(batch.advantages[rows], group_correct, self.k)
+            num_correct = int(group_correct.sum())
+            rhos.append(passk_group_statistics(group_correct.numel(), num_correct, self.k)[0])
+            qs.append(num_correct / group_correct.numel())
         metrics = {"passk/pass_at_k": sum(rhos) / max(len(rhos), 1), "passk/mix_q": sum(qs) / max(len(qs), 1)}
         return out, metrics

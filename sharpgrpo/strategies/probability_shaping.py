@@ -10,6 +10,8 @@ with p the detached, temperature-scaled probability of the sampled token under t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, TokenWeightStrategy, register_strategy
@@ -28,6 +30,66 @@ def reverse_probability_shaping_weights(
 ) -> torch.Tensor:
     """TR-GRPO Table 4 'Reverse' ablation: w' = 2 - w with w of Eq. 19 (favours low-probability tokens)."""
     return 2.0 - probability_shaping_weights(probs, alpha, mu, tau, lower, upper)
+
+
+def weighted_clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor | None,
+    placement: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped surrogate loss with a token weight (METHODS §1 "Where w enters the loss").
+
+    ``loss`` (default; TR-GRPO: "preserves the GRPO gradient structure up to the multiplicative factor w"):
+    ``-w * min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)``. ``ratio`` (GRPO-SG Eq. 13 as printed):
+    ``-min(w*r*A, clip(w*r, 1-eps_low, 1+eps_high)*A)``. ``weights=None`` is TRL's unweighted surrogate; ``delta``
+    is TRL's two-sided clip of the unclipped branch. Shapes broadcast: ratio (B, T) or (B, 1), advantages (B, 1) or
+    (B, T), weights (B, T) or None -> (per-token loss, the unclipped branch's ratio (w*r under ``ratio``; after
+    ``delta``), from which the trainer counts the tokens whose gradient the clip switched off).
+    """
+    if placement not in ("ratio", "loss"):
+        raise ValueError(f"placement must be 'ratio' or 'loss', got {placement!r}")
+    surrogate_ratio = ratio if weights is None or placement == "loss" else ratio * weights
+    clipped = torch.clamp(surrogate_ratio, 1 - epsilon_low, 1 + epsilon_high)
+    unclipped = surrogate_ratio if delta is None else torch.clamp(surrogate_ratio, max=delta)
+    per_token_loss = -torch.min(unclipped * advantages, clipped * advantages)
+    if weights is not None and placement == "loss":
+        per_token_loss = weights * per_token_loss
+    return per_token_loss, unclipped
+
+
+def ratio_silenced_range(
+    weight_fn: Callable[[torch.Tensor], torch.Tensor], epsilon_high: float, iterations: int = 60
+) -> tuple[float, float] | None:
+    """The token probabilities p in [0, 1] whose positive-advantage tokens get no gradient on-policy under
+    ``weight_placement: ratio``: those with w(p) > 1 + eps_high (r = 1, so w*r lands in the clipped branch).
+
+    ``weight_fn`` maps probabilities (float64) to weights and must be monotone in p (Eq. 19 and its reverse are).
+    Returns ``(low, high)`` with the silenced set ``(low, high]`` / ``[low, high)`` up to the bisection's
+    resolution 2^-iterations, or None when no p is silenced. With the METHODS §1 defaults (alpha 2, mu 0.25,
+    tau 1/9, clip [1, 1.4], eps_high 0.24) it is p > 0.2112 (= tau * logit((1 + eps_high)/alpha + mu)).
+    """
+    limit = 1.0 + epsilon_high
+
+    def silenced(p: float) -> bool:
+        return bool(weight_fn(torch.tensor([p], dtype=torch.float64))[0] > limit)
+
+    at_zero, at_one = silenced(0.0), silenced(1.0)
+    if at_zero and at_one:
+        return 0.0, 1.0
+    if not at_zero and not at_one:
+        return None
+    low, high = 0.0, 1.0  # invariant: silenced(low) == at_zero, silenced(high) == at_one
+    for _ in range(iterations):
+        middle = 0.5 * (low + high)
+        if silenced(middle) == at_zero:
+            low = middle
+        else:
+            high = middle
+    return (high, 1.0) if at_one else (0.0, low)
 
 
 def ar_token_advantages(old_probs: torch.Tensor, advantages: torch.Tensor, alpha: float) -> torch.Tensor:

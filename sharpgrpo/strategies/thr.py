@@ -8,6 +8,11 @@ contribution to the likelihood change of the group's correct completions, from t
     THR[j,m] = s_j * sum_{i in P} (1/|y_i|) * sum_k alpha((i,k),(j,m)) * < h[i,k], h[j,m] >
     s_j = +1 if j in P else -1
 
+Threshold (METHODS §3, revised): ``thr`` compares |THR| with tau = beta * min over correct responses of the mean
+THR score of that response's tokens (:func:`thr_threshold`, THR's own scale); ``nthr`` keeps Deng et al.'s
+unnormalised score and threshold (``ThrScores.tau``). The positive set P is the group's correct completions
+(``sharpgrpo.correctness``).
+
 Notation of this module: a group has ``N`` completion tokens (mask 1), ``nP`` of them in positive completions
 ("P-tokens"); ``V`` is the vocabulary size and ``H`` the hidden size. Pure torch: no trainer, accelerate or
 transformers imports.
@@ -36,6 +41,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from sharpgrpo.correctness import batch_correct
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
 
 VOCAB_MODES = ("full", "sampled")
@@ -48,8 +54,9 @@ class ThrScores(NamedTuple):
     Attributes:
         scores: (G, T) float32, THR[j, m] (Corollary 4.2, signed by s_j); 0 on masked positions and everywhere when
             P is empty.
-        tau: the threshold ``beta * min_{i' in P} sequence_influence[i']`` (Deng et al. 2025, Eq. 8); NaN when no
-            positive completion has a token.
+        tau: the unnormalised threshold ``beta * min_{i' in P} sequence_influence[i']`` (Deng et al. 2025, Eq. 8),
+            used by ``nthr`` with its unnormalised score; NaN when no positive completion has a token. ``thr`` uses
+            :func:`thr_threshold` instead, on THR's own scale (METHODS §3, revised).
         sequence_influence: (G,) float32, for i' in P the mean over its tokens m of
             ``sum_{i in P} sum_k alpha((i,k),(i',m)) <h[i,k], h[i',m]>`` (no 1/|y_i|, self-pairs included); NaN for
             completions outside P or without tokens.
@@ -70,21 +77,6 @@ def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
     for count in counts.tolist():
         yield slice(start, start + count)
         start += count
-
-
-def positive_set(rewards: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """The positive set P of one group (METHODS §3). Shapes: rewards (G,), advantages (G,) -> (G,) bool.
-
-    Rule: when every reward of the group is 0 or 1 (binary rewards) P = {i : r_i = 1}, the correct answers; otherwise
-    (graded rewards) P = {i : A_i > 0}. For two-valued rewards other than {0, 1} (e.g. +1/-1) the second rule gives the
-    completions with the higher reward in every mixed group, since A_i = r_i - mean(r) up to a positive scale.
-    """
-    if rewards.shape != advantages.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards and advantages must both be (G,), got {tuple(rewards.shape)} and "
-                         f"{tuple(advantages.shape)}")
-    if bool(((rewards == 0) | (rewards == 1)).all()):
-        return rewards == 1
-    return advantages > 0
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: torch.dtype | None,
@@ -200,7 +192,8 @@ def token_hidden_reward_scores(
 
     Shapes: hidden (G, T, H) any float dtype; completion_ids (G, T) long; mask (G, T) {0,1}; positive (G,) bool;
     unembedding_weight (V, H); unembedding_bias (V,) or None -> :class:`ThrScores` (scores (G, T) float32, tau,
-    sequence_influence (G,), entropies (G, T) or None).
+    sequence_influence (G,), entropies (G, T) or None). The ``tau`` returned is NTHR's unnormalised threshold; THR's
+    threshold is :func:`thr_threshold` of the returned scores.
 
     Args:
         temperature: q = softmax((h W^T + b) / temperature), the sampling temperature (as TRL scales logits).
@@ -355,6 +348,23 @@ def _pairwise_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, ma
     return weighted, unweighted
 
 
+def thr_threshold(scores: torch.Tensor, mask: torch.Tensor, positive: torch.Tensor, beta: float = 1.0) -> float:
+    """THR's threshold on THR's own scale (METHODS §3, revised; THR App. E.5, Deng et al. 2025 §5.2 with THR's
+    normalisation): tau = beta * min_{i' in P} (1/|y_i'|) sum_{m in i'} THR[i', m].
+
+    Shapes: scores (G, T) THR scores of :func:`token_hidden_reward_scores` (length-normalised, self-pairs included;
+    s_i' = +1 on P, so each term is the average influence of the correct responses' tokens on response i'); mask
+    (G, T); positive (G,) bool -> float, NaN when no positive completion has a token. tau can be negative, in which
+    case every token passes ``|THR| > tau``."""
+    valid = mask.bool() & positive.to(mask.device).bool()[:, None]
+    lengths = valid.sum(dim=1)
+    rows = lengths > 0
+    if not bool(rows.any()):
+        return math.nan
+    means = torch.where(valid, scores.double(), 0.0).sum(dim=1)[rows] / lengths[rows]
+    return beta * float(means.min())
+
+
 def top_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
     """Valid tokens among the top ``quantile`` fraction by entropy within the group. Shapes: (G, T), (G, T) -> (G, T).
 
@@ -398,6 +408,8 @@ def thr_token_advantages(
         ``thr/frac_retained``: fraction with |THR| > tau (the paper's "ratio retained", App. E.5 Table 16);
         ``thr/frac_positive``: among those above the threshold, the fraction with THR > 0 (amplified when p > 0);
         ``thr/tau``: the threshold tau;
+        ``thr/frac_groups_tau_negative``: 1 if tau < 0 (every token passes), else 0; averaged over the mixed
+        groups by the strategy;
         ``thr/abs_mean``: mean |THR|;
         ``thr/frac_entropy_added`` (only when entropy_quantile > 0): fraction re-added by the entropy rule.
     """
@@ -423,6 +435,7 @@ def thr_token_advantages(
         "thr/frac_retained": int(kept.sum()) / num_valid,
         "thr/frac_positive": int((kept & (scores > 0)).sum()) / max(int(kept.sum()), 1),
         "thr/tau": float(tau),
+        "thr/frac_groups_tau_negative": float(tau < 0),
         "thr/abs_mean": float(scores.abs()[valid].mean()) if valid.any() else 0.0,
     }
     if added is not None:
@@ -466,17 +479,12 @@ def nthr_token_advantages(
     return new, metrics
 
 
-def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(G, T) token advantages -> (G,) the masked mean of each row (A[i] for TRL's broadcast advantages)."""
-    valid = mask.to(advantages.dtype)
-    return (advantages * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1)
-
-
 class _HiddenRewardStrategy(AdvantageStrategy):
     """Shared adapter: reads ``thr_*`` parameters from the config, loops over the groups of a batch."""
 
     needs_hidden_states = True
     needs_old_logps = False
+    needs_correctness = True
     metric_prefix = "thr"
     length_normalized = True
 
@@ -495,7 +503,10 @@ class _HiddenRewardStrategy(AdvantageStrategy):
     def _need_entropy(self) -> bool:
         return False
 
-    def _reweight(self, result: ThrScores, advantages, mask, positive) -> tuple[torch.Tensor, dict[str, float]]:
+    def _threshold(self, result: ThrScores, mask, positive) -> float:
+        raise NotImplementedError
+
+    def _reweight(self, result: ThrScores, tau, advantages, mask, positive) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -511,12 +522,12 @@ class _HiddenRewardStrategy(AdvantageStrategy):
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         num_groups = num_mixed = 0
+        correct = batch_correct(batch)
         for rows in group_slices(batch.group_ids):
             num_groups += 1
             mask = batch.completion_mask[rows]
             advantages = batch.advantages[rows]
-            positive = positive_set(batch.rewards[rows].float(), _row_advantages(advantages.float(), mask))
-            positive = positive.to(batch.hidden_states.device)
+            positive = correct[rows].to(batch.hidden_states.device)
             if not 0 < int(positive.sum()) < positive.numel():
                 self.last_tau.append(math.nan)
                 continue
@@ -526,10 +537,11 @@ class _HiddenRewardStrategy(AdvantageStrategy):
                 batch.unembedding_bias, batch.temperature, self.vocab, self.chunk_size, beta=self.beta,
                 length_normalized=self.length_normalized, compute_entropy=self._need_entropy(),
             )
-            self.last_scores[rows] = result.scores
-            self.last_tau.append(result.tau)
             device = result.scores.device
-            new, metrics = self._reweight(result, advantages.to(device), mask.to(device), positive)
+            tau = self._threshold(result, mask.to(device), positive)
+            self.last_scores[rows] = result.scores
+            self.last_tau.append(tau)
+            new, metrics = self._reweight(result, tau, advantages.to(device), mask.to(device), positive)
             out[rows] = new.to(out.device, out.dtype)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
@@ -557,8 +569,11 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
     def _need_entropy(self) -> bool:
         return self.entropy_quantile > 0
 
-    def _reweight(self, result, advantages, mask, positive):
-        return thr_token_advantages(result.scores, result.tau, advantages, mask, positive, self.p,
+    def _threshold(self, result, mask, positive):
+        return thr_threshold(result.scores, mask, positive, self.beta)  # on THR's scale (METHODS §3, revised)
+
+    def _reweight(self, result, tau, advantages, mask, positive):
+        return thr_token_advantages(result.scores, tau, advantages, mask, positive, self.p,
                                     self.keep_below_threshold, result.entropies, self.entropy_quantile)
 
 
@@ -577,5 +592,8 @@ class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
         super().__init__(args)
         self.length_normalized = bool(getattr(args, "nthr_length_normalized", False))
 
-    def _reweight(self, result, advantages, mask, positive):
-        return nthr_token_advantages(result.scores, result.tau, advantages, mask, positive)
+    def _threshold(self, result, mask, positive):
+        return result.tau  # Deng et al.'s unnormalised threshold (Eq. 8), on the unnormalised score's scale
+
+    def _reweight(self, result, tau, advantages, mask, positive):
+        return nthr_token_advantages(result.scores, tau, advantages, mask, positive)

@@ -70,7 +70,7 @@ def test_push_to_hub_folder_and_card(tiny_model_path, tmp_path):
     assert "## sharpgrpo strategies" in card and card.count("## sharpgrpo strategies") == 1
     assert "**`grpo_sg`**" in card
     for parameter in ("sg_alpha=2.0", "sg_mu=0.25", "sg_tau=0.1111111111111111", "sg_lower=1.0", "sg_upper=1.3",
-                      "weight_placement='ratio'", "kl_weighting='loss'"):
+                      "weight_placement='loss'", "kl_weighting='loss'"):
         assert f"`{parameter}`" in card, parameter
     assert "Sharpness-Guided Group Relative Policy Optimization via Probability Shaping" in card
     assert "This model was trained with SharpGRPO" in card

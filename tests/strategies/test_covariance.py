@@ -21,8 +21,9 @@ STAT_KEYS = {
 }
 
 
-def reference_weights(logps, advantages, mask, scope_ids, sigma_eps=1e-8):
-    """METHODS §2 written out with python loops over scopes and tokens, in float64 python floats."""
+def reference_weights(logps, advantages, mask, scope_ids, sigma_eps=1e-8, advantage_mean="response"):
+    """METHODS §2 written out with python loops over scopes and tokens, in float64 python floats. mean(A): each
+    response once (its masked token mean; rows without a valid token skipped), or the masked token mean."""
     lp = logps.double().tolist()
     adv = advantages.double().tolist()
     valid = mask.bool().tolist()
@@ -38,7 +39,13 @@ def reference_weights(logps, advantages, mask, scope_ids, sigma_eps=1e-8):
         if n == 0:
             continue
         mean_lp = math.fsum(lp[i][t] for i, t in tokens) / n
-        mean_adv = math.fsum(adv[i][t] for i, t in tokens) / n
+        if advantage_mean == "token":
+            mean_adv = math.fsum(adv[i][t] for i, t in tokens) / n
+        else:
+            responses = [i for i in range(num_rows) if scopes[i] == scope and any(valid[i])]
+            per_response = [math.fsum(adv[i][t] for t in range(num_cols) if valid[i][t]) / sum(valid[i])
+                            for i in responses]
+            mean_adv = math.fsum(per_response) / len(per_response)
         cov = {(i, t): (lp[i][t] - mean_lp) * (adv[i][t] - mean_adv) for i, t in tokens}
         mean_cov = math.fsum(cov.values()) / n
         sigma = math.sqrt(math.fsum((c - mean_cov) ** 2 for c in cov.values()) / n)
@@ -97,9 +104,10 @@ def make_groups(num_groups, group_size, max_len, seed, *, rewards="binary", leng
     return logps.to(dtype), advantages.to(dtype), mask, group_ids
 
 
-def assert_matches_reference(logps, advantages, mask, scope_ids, sigma_eps=1e-8):
-    weights, stats = covariance_gaussian_weights(logps, advantages, mask, scope_ids, sigma_eps=sigma_eps)
-    expected, expected_stats = reference_weights(logps, advantages, mask, scope_ids, sigma_eps)
+def assert_matches_reference(logps, advantages, mask, scope_ids, sigma_eps=1e-8, advantage_mean="response"):
+    weights, stats = covariance_gaussian_weights(logps, advantages, mask, scope_ids, sigma_eps=sigma_eps,
+                                                 advantage_mean=advantage_mean)
+    expected, expected_stats = reference_weights(logps, advantages, mask, scope_ids, sigma_eps, advantage_mean)
     assert weights.shape == logps.shape
     assert weights.dtype == logps.dtype
     tol = 1e-12 if logps.dtype == torch.float64 else 2e-6
@@ -132,9 +140,10 @@ def test_matches_loop_reference_per_group(num_groups, group_size, max_len, seed,
     ],
 )
 @pytest.mark.parametrize("seed", [3, 4])
-def test_matches_loop_reference_variants(options, seed):
+@pytest.mark.parametrize("advantage_mean", ["response", "token"])
+def test_matches_loop_reference_variants(options, seed, advantage_mean):
     logps, advantages, mask, group_ids = make_groups(4, 6, 9, seed, dtype=torch.float64, **options)
-    assert_matches_reference(logps, advantages, mask, group_ids)
+    assert_matches_reference(logps, advantages, mask, group_ids, advantage_mean=advantage_mean)
 
 
 @pytest.mark.parametrize("seed", [0, 5, 6])
@@ -154,11 +163,13 @@ def test_scope_ids_need_not_be_consecutive_or_sorted():
 
 
 def test_token_means_are_length_weighted():
-    """With broadcast A[i], mean(A) is the length-weighted token mean, not the per-response mean (here 0)."""
+    """advantage_mean="token": with broadcast A[i], mean(A) is the length-weighted token mean, not the per-response
+    mean (here 0), which is the default."""
     logps = torch.tensor([[-1.0, 0.0, 0.0], [-0.5, -2.0, -0.1]], dtype=torch.float64)
     advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
-    weights, stats = covariance_gaussian_weights(logps, advantages, mask, torch.zeros(2, dtype=torch.long))
+    weights, stats = covariance_gaussian_weights(logps, advantages, mask, torch.zeros(2, dtype=torch.long),
+                                                 advantage_mean="token")
     # mean(logp) = -0.9, mean(A) = (1 - 3)/4 = -0.5 -> c = (logp + 0.9) * (A + 0.5)
     cov = [-0.15, -0.2, 0.55, -0.4]
     mean_cov = sum(cov) / 4
@@ -175,10 +186,42 @@ def test_token_means_are_length_weighted():
     kernel_other = [math.exp(-(c**2) / (2 * sigma_other**2)) for c in cov_response_mean]
     other = [k * 4 / sum(kernel_other) for k in kernel_other]
     assert max(abs(a - b) for a, b in zip(got, other)) > 0.05
+    default, _ = covariance_gaussian_weights(logps, advantages, mask, torch.zeros(2, dtype=torch.long))
+    assert [default[0, 0].item(), *default[1].tolist()] == pytest.approx(other, rel=1e-12)
     # A (B,) advantage is broadcast exactly like the (B, T) one.
     one_scope = torch.zeros(2, dtype=torch.long)
-    broadcast, _ = covariance_gaussian_weights(logps, advantages[:, None].expand(2, 3), mask, one_scope)
+    broadcast, _ = covariance_gaussian_weights(logps, advantages[:, None].expand(2, 3), mask, one_scope,
+                                               advantage_mean="token")
     torch.testing.assert_close(weights, broadcast, rtol=0, atol=0)
+
+
+def test_group_weights_do_not_depend_on_wrong_answer_lengths():
+    """Effect of METHODS §2 (revised): a group whose wrong answers are k times longer (the same per-token log-probs,
+    tiled) gives its correct answers the same weights with advantage_mean="response"; with "token" it does not."""
+    pattern = torch.tensor([-0.05, -2.5, -0.4, -1.2], dtype=torch.float64)
+    correct_rows, wrong_rows = 2, 2
+    advantages = torch.tensor([1.0] * correct_rows + [-1.0] * wrong_rows, dtype=torch.float64)
+
+    def group(k):
+        width = 4 * k
+        logps = torch.zeros(4, width, dtype=torch.float64)
+        mask = torch.zeros(4, width, dtype=torch.long)
+        logps[:correct_rows, :4], mask[:correct_rows, :4] = pattern, 1
+        logps[correct_rows:], mask[correct_rows:] = pattern.repeat(k), 1
+        return logps, mask
+
+    means = {}
+    for mode in ("response", "token"):
+        for k in (1, 6):
+            logps, mask = group(k)
+            weights, _ = covariance_gaussian_weights(logps, advantages, mask, torch.zeros(4, dtype=torch.long),
+                                                     advantage_mean=mode)
+            means[mode, k] = weights[:correct_rows, :4]
+    torch.testing.assert_close(means["response", 1], means["response", 6], rtol=1e-12, atol=1e-12)
+    assert (means["token", 1] - means["token", 6]).abs().max() > 0.05  # the old default depends on the lengths
+    print("correct-answer mean weight, wrong answers x1 / x6 longer: response",
+          float(means["response", 1].mean()), float(means["response", 6].mean()),
+          "| token", float(means["token", 1].mean()), float(means["token", 6].mean()))
 
 
 def test_all_equal_rewards_give_unit_weights():
@@ -381,6 +424,17 @@ def test_strategy_reads_sigma_eps():
     assert metrics["cw/frac_scopes_degenerate"] == 1.0
     with pytest.raises(ValueError, match="cw_sigma_eps"):
         CovarianceWeighting(SimpleNamespace(cw_sigma_eps=-1.0))
+
+
+def test_strategy_reads_advantage_mean():
+    batch = make_generation_batch(27)
+    token_strategy = CovarianceWeighting(SimpleNamespace(cw_advantage_mean="token"))
+    out, _ = token_strategy.token_advantages(batch)
+    expected, _ = reference_weights(batch.old_logps, batch.advantages, batch.completion_mask, batch.group_ids,
+                                    advantage_mean="token")
+    torch.testing.assert_close(out.double(), expected * batch.advantages.double(), rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="cw_advantage_mean"):
+        CovarianceWeighting(SimpleNamespace(cw_advantage_mean="tokens"))
 
 
 @pytest.mark.parametrize("bad", ["sequence", "Group", ""])

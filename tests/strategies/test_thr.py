@@ -12,7 +12,7 @@ import torch
 from sharpgrpo.strategies.base import STRATEGIES, GenerationBatch
 from sharpgrpo.strategies.thr import (
     nthr_token_advantages,
-    positive_set,
+    thr_threshold,
     thr_token_advantages,
     token_hidden_reward_scores,
     top_entropy_mask,
@@ -283,7 +283,9 @@ def test_thr_eq5_on_hand_built_group():
     # valid tokens: 11; above: 3, -3, -5, 2.5, -2.5, 7 -> 6; positive among them: 3, 2.5, 7
     assert metrics["thr/frac_retained"] == pytest.approx(6 / 11)
     assert metrics["thr/frac_positive"] == pytest.approx(3 / 6)
-    assert metrics["thr/tau"] == 2.0
+    assert metrics["thr/tau"] == 2.0 and metrics["thr/frac_groups_tau_negative"] == 0.0
+    _, negative = thr_token_advantages(scores, -0.5, advantages, mask, positive, p=0.1)
+    assert negative["thr/frac_groups_tau_negative"] == 1.0 and negative["thr/frac_retained"] == 1.0
     valid = mask.bool()
     assert metrics["thr/abs_mean"] == pytest.approx(float(scores.abs()[valid].mean()))
 
@@ -353,14 +355,22 @@ def test_nthr_rescales_only_incorrect_tokens_above_threshold():
     assert metrics["nthr/tau"] == 2.0
 
 
-def test_positive_set_rule():
-    assert positive_set(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, -1.0, 1.0, -1.0])).tolist() == [
-        True, False, True, False]
-    # binary rule uses r = 1 even where the advantages are all zero (an all-correct group)
-    assert positive_set(torch.ones(3), torch.zeros(3)).all()
-    # graded rewards: A > 0
-    graded = positive_set(torch.tensor([3.0, -0.5, -1.0, 3.0]), torch.tensor([1.2, -0.3, -0.5, 1.2]))
-    assert graded.tolist() == [True, False, False, True]
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_thr_threshold_matches_float64_reference(seed):
+    # METHODS §3 (revised): tau = beta * min_{i' in P} (1/|y_i'|) sum_m THR[i', m], self-pairs included, computed here
+    # by explicit loops from the float64 reference scores.
+    hidden, ids, mask, _, weight, bias = make_group(seed, G=5)  # random lengths: the 1/|y_i'| matters
+    positive = torch.tensor([True, False, True, True, False])
+    scores = token_hidden_reward_scores(hidden, ids, mask, positive, weight, bias, temperature=0.7).scores
+    reference = reference_scores(hidden, ids, mask, positive, weight, bias, 0.7)[0]
+    means = []
+    for i in range(5):
+        if positive[i]:
+            tokens = [float(reference[i, m]) for m in range(mask.shape[1]) if mask[i, m]]
+            means.append(sum(tokens) / len(tokens))
+    expected = 0.7 * min(means)
+    assert thr_threshold(scores, mask, positive, beta=0.7) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert math.isnan(thr_threshold(scores, mask, torch.zeros(5, dtype=torch.bool)))
 
 
 # ---------------------------------------------------------------- registered strategies
@@ -399,7 +409,8 @@ def test_thr_strategy_matches_per_group_functions():
         result = token_hidden_reward_scores(
             batch.hidden_states[rows], batch.completion_ids[rows], batch.completion_mask[rows], positive,
             batch.unembedding_weight, batch.unembedding_bias, 0.8, "sampled", 5, beta=0.5, compute_entropy=True)
-        expected[rows], _ = thr_token_advantages(result.scores, result.tau, batch.advantages[rows],
+        tau = thr_threshold(result.scores, batch.completion_mask[rows], positive, beta=0.5)
+        expected[rows], _ = thr_token_advantages(result.scores, tau, batch.advantages[rows],
                                                  batch.completion_mask[rows], positive, 0.1, False,
                                                  result.entropies, 0.25)
         torch.testing.assert_close(strategy.last_scores[rows], result.scores)
@@ -408,9 +419,27 @@ def test_thr_strategy_matches_per_group_functions():
     assert torch.equal(strategy.last_scores[4:8], torch.zeros(4, 6))
     assert math.isnan(strategy.last_tau[1]) and not math.isnan(strategy.last_tau[0])
     assert metrics["thr/frac_mixed_groups"] == pytest.approx(2 / 3)
-    for key in ("thr/frac_retained", "thr/frac_positive", "thr/tau", "thr/abs_mean", "thr/frac_entropy_added"):
+    for key in ("thr/frac_retained", "thr/frac_positive", "thr/tau", "thr/abs_mean", "thr/frac_entropy_added",
+                "thr/frac_groups_tau_negative"):
         assert key in metrics and math.isfinite(metrics[key])
     assert metrics["thr/tau"] == pytest.approx((strategy.last_tau[0] + strategy.last_tau[2]) / 2)
+
+
+def test_thr_strategy_positive_set_comes_from_batch_correct():
+    # batch.correct (the answer checks) defines P, not the rewards: flipping it changes the scores' signs.
+    batch = make_batch(seed=3)
+    strategy = STRATEGIES.get("thr")(SimpleNamespace())
+    strategy.token_advantages(batch)
+    from_rewards = strategy.last_scores.clone()
+    correct = torch.zeros(12, dtype=torch.bool)
+    correct[[1, 2, 9]] = True  # the complement of the rewards' P in both mixed groups
+    strategy.token_advantages(GenerationBatch(**{**batch.__dict__, "correct": correct}))
+    rows = slice(0, 4)
+    result = token_hidden_reward_scores(batch.hidden_states[rows], batch.completion_ids[rows],
+                                        batch.completion_mask[rows], correct[rows], batch.unembedding_weight,
+                                        batch.unembedding_bias, 0.8)
+    torch.testing.assert_close(strategy.last_scores[rows], result.scores)
+    assert not torch.allclose(strategy.last_scores[rows], from_rewards[rows])
 
 
 def test_thr_strategy_defaults_zero_below_threshold_tokens():
