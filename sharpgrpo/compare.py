@@ -100,7 +100,7 @@ class Run:
     directory: Path
     train_args: list[str]
     eval_args: list[str] | None = None
-    status: str = "pending"  # pending | done | skipped | failed
+    status: str = "pending"  # pending | done | skipped (finished earlier) | failed | missing (--report_only)
     error: str | None = None
     seconds: float | None = None
     log: Path = field(init=False)
@@ -279,8 +279,12 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
         "",
     ]
     failed = [r for r in runs if r.status == "failed"]
+    missing = [r for r in runs if r.status == "missing"]
     lines += [f"Runs: {len(runs)} planned, {sum(r.status == 'done' for r in runs)} run now, "
-              f"{sum(r.status == 'skipped' for r in runs)} reused, {len(failed)} failed.", ""]  # fmt: skip
+              f"{sum(r.status == 'skipped' for r in runs)} reused, {len(failed)} failed"
+              + (f", {len(missing)} not run (--report_only)." if missing else "."), ""]  # fmt: skip
+    if missing:
+        lines += ["Not run: " + ", ".join(f"{r.spec.label} seed {r.seed}" for r in missing), ""]
     if failed:
         lines += ["Failed runs (left out of the statistics):", ""]
         lines += [f"- {r.spec.label} seed {r.seed}: {r.error} (log: `{_shown(r.log)}`)" for r in failed]
@@ -399,6 +403,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--spike_factor", type=float, default=3.0, help="Grad-norm spike: above this x the median.")
     parser.add_argument("--confidence", type=float, default=0.95, help="Interval level (Student t over seeds).")
     parser.add_argument("--python", default=sys.executable, help="Python interpreter of the runs.")
+    parser.add_argument(
+        "--report_only", action="store_true",
+        help="Run nothing: aggregate the finished runs and list the others as missing (e.g. while a comparison runs).",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     if args.jobs < 1:
@@ -426,7 +434,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
                      eval_set)  # fmt: skip
     command = "python -m sharpgrpo.compare " + " ".join(argv if argv is not None else sys.argv[1:])
-    run_all(runs, args.jobs, args.python, threads, args.timeout)
+    if args.report_only:
+        for run in runs:
+            run.status = "skipped" if run.finished() else "missing"
+    else:
+        run_all(runs, args.jobs, args.python, threads, args.timeout)
     summary = write_report(runs, output, command, args.spike_factor, args.confidence)
     failed = [r for r in runs if r.status == "failed"]
     print(f"Wrote {output / 'report.md'}, {output / 'summary.json'}" + "".join(f", {p}" for p in summary["plots"]))

@@ -74,3 +74,11 @@ def test_compare_end_to_end_resume_then_a_crash(tmp_path, tiny_model_path):
         if run["status"] == "failed":
             assert run["log"] in report and "learning_rate" in Path(run["log"]).read_text()
             assert run["metrics"] is None
+
+    # --report_only runs nothing: finished runs are aggregated, the others listed as not run.
+    partial = main([*common, "--seeds", "0", "1", "--strategies", "equal", "random", "--report_only"])
+    assert {(r["strategy"], r["seed"]): r["status"] for r in partial["runs"]} == {
+        ("equal", 0): "skipped", ("equal", 1): "skipped", ("random", 0): "missing", ("random", 1): "missing"
+    }
+    assert not (output / "runs" / "random").exists()
+    assert "Not run: random seed 0, random seed 1" in (output / "report.md").read_text()
