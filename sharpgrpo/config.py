@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES
 from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
 
 WEIGHT_PLACEMENTS = ("ratio", "loss")
 KL_WEIGHTINGS = ("loss", "inside", "none")
-SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+SUPPORTED_LOSS_TYPES = LOSS_TYPES  # all of TRL 1.16's
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 
 
@@ -62,7 +63,8 @@ class SharpGRPOConfig(GRPOConfig):
             "as printed, kept as an ablation): min(w*r*A, clip(w*r, 1-eps_low, 1+eps_high)*A); on-policy every "
             "token with w > 1+eps_high and A > 0 is clipped and gets no gradient (with the defaults every "
             "positive-advantage token with p > 0.212), so choosing it warns with that probability; logged as "
-            "token_weight/frac_grad_clipped."
+            "token_weight/frac_grad_clipped. Refused with `loss_type: vespo`, whose gamma weight acts on a whole "
+            "sequence's ratio (no per-token ratio to scale)."
         },
     )
     kl_weighting: str = field(
@@ -229,10 +231,13 @@ class SharpGRPOConfig(GRPOConfig):
             raise ValueError(f"`thr_chunk_size` must be >= 1; got {self.thr_chunk_size}.")
         if "passk_mixed" in self.strategies and not 1 <= self.passk_k <= self.num_generations:
             raise ValueError(f"`passk_k` must lie in [1, num_generations={self.num_generations}]; got {self.passk_k}.")
-        if self.entropy_coef != 0.0 or getattr(self, "use_adaptive_entropy", False):
+        ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
+        if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
             raise ValueError(
-                "SharpGRPOTrainer does not implement TRL's entropy bonus (`entropy_coef`, `use_adaptive_entropy`); "
-                "set entropy_coef=0 and use_adaptive_entropy=False."
+                f"`weight_placement='ratio'` is not defined for `loss_type={self.loss_type!r}`: its surrogate weights "
+                "whole sequences by a function of the sequence's importance ratio, with no per-token ratio for the "
+                "token weight to scale. Set `weight_placement='loss'` (the weight multiplies each token's policy "
+                "term) or choose another `loss_type`."
             )
         if "grpo_sg" in self.strategies or "reverse" in self.strategies:
             self._warn_if_flat_weights()

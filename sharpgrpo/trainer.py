@@ -6,10 +6,10 @@ Tested with trl==1.16.0 (pinned in pyproject.toml). The trainer overrides three 
   tags every row with its group id and index in the group (so group structure survives TRL's shuffling and
   splitting) and runs the advantage strategies once, on whole groups gathered from every process, replacing
   ``advantages`` (B,) by token advantages (B, T);
-* ``_compute_loss``: TRL's policy loss for the loss types ``dapo``, ``grpo``, ``bnpo`` and ``dr_grpo``, with the
+* ``_compute_loss``: TRL's policy loss for every TRL 1.16 loss type (surrogates in ``sharpgrpo.losses``), with the
   token weight of the weight strategy placed in the ratio or the loss and in the KL term (METHODS §1), keeping
-  TRL's entropy mask, off-policy mask, vLLM importance-sampling ratio and metric names. With the ``equal``
-  strategy it equals the parent's loss and gradients (tests/integration/test_parity.py);
+  TRL's entropy mask, off-policy mask, vLLM importance-sampling ratio, entropy bonus and metric names. With the
+  ``equal`` strategy it equals the parent's loss and gradients (tests/integration/test_parity.py);
 * ``_calculate_rewards``: unchanged, but the trainer keeps the rewards for strategies that need them, and the
   verdicts of the reward functions' answer checks for strategies that need "correct" (``sharpgrpo.correctness``).
 """
@@ -27,8 +27,8 @@ from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.correctness import answer_verdicts, correct_completions
+from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, policy_surrogate
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
-from sharpgrpo.strategies.probability_shaping import weighted_clipped_surrogate
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
 
@@ -391,6 +391,8 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._last_probe_step = self.state.global_step
         self._pin_next_weights = True
         saved_metrics = {key: list(values) for key, values in self._metrics["train"].items()}
+        # The probe's loss passes must not step the adaptive entropy controller either.
+        saved_entropy = (self.entropy_coef, self._last_world_entropy, self._entropy_window_stats)
         scale = self.current_gradient_accumulation_steps
         result = sharpness_probe(
             self.accelerator.unwrap_model(model),
@@ -400,11 +402,12 @@ class SharpGRPOTrainer(GRPOTrainer):
         )
         self._metrics["train"].clear()
         self._metrics["train"].update(saved_metrics)
+        self.entropy_coef, self._last_world_entropy, self._entropy_window_stats = saved_entropy
         for key, value in result.items():
             self._metrics["train"][key].append(value)
 
     def _compute_loss(self, model, inputs):
-        """TRL 1.16 ``GRPOTrainer._compute_loss`` for dapo/grpo/bnpo/dr_grpo, with token weights (METHODS §1)."""
+        """TRL 1.16 ``GRPOTrainer._compute_loss`` for every loss type, with token weights (METHODS §1)."""
         args = self.args
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids, attention_mask = prompt_completion(inputs)
@@ -479,43 +482,109 @@ class SharpGRPOTrainer(GRPOTrainer):
             if args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * coef_1
 
-        per_token_loss, surrogate_ratio = weighted_clipped_surrogate(
-            coef_1, advantages, weights, args.weight_placement, self.epsilon_low, self.epsilon_high, args.delta
+        surrogate_ratio = coef_1 if weights is None or args.weight_placement == "loss" else coef_1 * weights
+        phi_seq = None
+        if self.loss_type == "vespo":  # TRL's gamma weight of the sequence ratio (the parent's own method)
+            phi_seq = self.get_gamma_weights(
+                advantages=advantages,
+                log_ratio_per_token=log_ratio,
+                mask=mask,
+                importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+                k_pos=args.vespo_k_pos,
+                lambda_pos=args.vespo_lambda_pos,
+                k_neg=args.vespo_k_neg,
+                lambda_neg=args.vespo_lambda_neg,
+            )
+        per_token_loss = policy_surrogate(
+            self.loss_type,
+            surrogate_ratio,
+            advantages,
+            per_token_logps,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            delta=args.delta,
+            sapo_temperature_pos=args.sapo_temperature_pos,
+            sapo_temperature_neg=args.sapo_temperature_neg,
+            phi_seq=phi_seq,
         )
+        if weights is not None and args.weight_placement == "loss":
+            per_token_loss = weights * per_token_loss
 
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * off_policy_mask
         if entropy_mask is not None:
             per_token_loss = per_token_loss * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # VESPO has it inside phi
         if self.beta != 0.0:
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if self.loss_type == "grpo":
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+        normalizer = accumulation  # per-micro-batch losses; the dapo family below is per accumulation window
+        if self.loss_type in ("grpo", "sapo"):
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
         elif self.loss_type == "bnpo":
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
         elif self.loss_type == "dr_grpo":
-            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length) / accumulation
-        elif self.loss_type == "dapo":
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+        elif self.loss_type == "luspo":  # each sequence's loss times its length
+            loss = (per_token_loss * mask).sum(-1).mean()
+        elif self.loss_type in ("dapo", "cispo", "vespo"):  # already normalised per accumulation window
+            tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
-                normalizer = normalizer * self.current_gradient_accumulation_steps / args.steps_per_generation
-            loss = (per_token_loss * mask).sum() / normalizer
+                tokens = tokens * self.current_gradient_accumulation_steps / args.steps_per_generation
+            loss = (per_token_loss * mask).sum() / tokens
+            normalizer = 1.0
         else:  # refused by SharpGRPOConfig; kept so that a future loss type cannot pass silently
             raise ValueError(f"Unsupported loss type: {self.loss_type}")
+        policy_loss = loss.detach()
+        loss = loss / normalizer
+
+        if self._entropy_bonus_enabled:
+            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            loss = loss - self._entropy_bonus(entropies, effective_mask, policy_loss, mode)
 
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl if self.beta else None)
+        self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl if self.beta else None, phi_seq)
         if weights is not None:
-            self._log_weight_metrics(mode, mask, weights, surrogate_ratio, advantages)
+            clipped_ratio = surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None
+            self._log_weight_metrics(mode, mask, weights, clipped_ratio, advantages)
         return loss
+
+    def _entropy_bonus(self, entropies, effective_mask, policy_loss, mode) -> torch.Tensor:
+        """TRL 1.16's entropy bonus (``entropy_coef``, adaptive with ``use_adaptive_entropy``, Skywork-OR1): the
+        coefficient times the mean entropy over ``effective_mask``, scaled for gradient accumulation only (the same
+        for every loss type); the caller subtracts it. Adaptive control applies the coefficient of the previous
+        optimizer step and updates it from the accumulation window's token-weighted mean entropy over all processes.
+        """
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        if self.use_adaptive_entropy:
+            apply_coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
+        else:
+            apply_coef = self.entropy_coef
+        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            window = self._entropy_window_stats
+            self._entropy_window_stats = stats if window is None else window + stats
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                delta = self.args.entropy_coef_delta
+                if world_entropy <= self.args.entropy_target:
+                    self.entropy_coef = min(self.entropy_coef + delta, self.args.entropy_coef_max)
+                else:
+                    self.entropy_coef = max(self.entropy_coef - delta, self.args.entropy_coef_min)
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return apply_coef * entropy_loss
 
     # ------------------------------------------------------------------------------------------------------------
     # Metrics (reduced over processes like TRL's: a value per micro-batch, averaged at logging time)
@@ -528,14 +597,22 @@ class SharpGRPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(local, reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
-    def _log_loss_metrics(self, mode, mask, entropies, coef_1, advantages, per_token_kl) -> None:
-        """TRL's own metric names and definitions (kl, entropy, clip_ratio/*), computed on the unweighted ratio."""
+    def _log_loss_metrics(self, mode, mask, entropies, coef_1, advantages, per_token_kl, phi_seq=None) -> None:
+        """TRL's own metric names and definitions (kl, entropy, clip_ratio/*, cispo_clip_ratio, vespo/phi_seq_mean),
+        computed on the unweighted ratio."""
         from trl.trainer.utils import nanmax, nanmin
 
         metrics = self._metrics[mode]
         if per_token_kl is not None:
             metrics["kl"].append(self._global_masked_mean(per_token_kl, mask))
         metrics["entropy"].append(self._global_masked_mean(entropies, mask))
+        if self.loss_type == "cispo":
+            is_clipped = ((coef_1 > self.epsilon_high) & (advantages > 0)).float()
+            metrics["cispo_clip_ratio"].append(self._global_masked_mean(is_clipped, mask))
+        if self.loss_type == "vespo":
+            metrics["vespo/phi_seq_mean"].append(self._global_masked_mean(phi_seq, mask))
+        if self.loss_type not in PPO_CLIP_LOSS_TYPES:
+            return
         is_low = ((coef_1 < 1 - self.epsilon_low) & (advantages < 0)).float()
         is_high = ((coef_1 > 1 + self.epsilon_high) & (advantages > 0)).float()
         metrics["clip_ratio/low_mean"].append(self._global_masked_mean(is_low, mask))
@@ -549,7 +626,8 @@ class SharpGRPOTrainer(GRPOTrainer):
         metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(per_sequence(is_high))).item())
 
     def _log_weight_metrics(self, mode, mask, weights, surrogate_ratio, advantages) -> None:
-        """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off."""
+        """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off
+        (``surrogate_ratio`` is None for surrogates without PPO's clip, which switch no token off: logged as 0)."""
         metrics = self._metrics[mode]
         valid = mask.bool()
         w = weights.float()
@@ -558,10 +636,12 @@ class SharpGRPOTrainer(GRPOTrainer):
         at_lower = (w <= lower + 1e-6).float()
         at_upper = (w >= upper - 1e-6).float()
         # A token gets no policy gradient when min() picks the clipped branch and the clip is active.
-        grad_clipped = (
-            ((surrogate_ratio > 1 + self.epsilon_high) & (advantages > 0))
-            | ((surrogate_ratio < 1 - self.epsilon_low) & (advantages < 0))
-        ).float()
+        grad_clipped = torch.zeros_like(w)
+        if surrogate_ratio is not None:
+            grad_clipped = (
+                ((surrogate_ratio > 1 + self.epsilon_high) & (advantages > 0))
+                | ((surrogate_ratio < 1 - self.epsilon_low) & (advantages < 0))
+            ).float()
         local = torch.stack(
             [
                 (w * mask).sum(),

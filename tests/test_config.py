@@ -37,11 +37,10 @@ def test_strategies_accept_string_list_and_comma_form(tmp_path):
         (dict(sg_alpha=0.0), "sg_alpha` must be > 0"),
         (dict(weight_placement="inside"), "weight_placement` must be one of ratio, loss"),
         (dict(kl_weighting="outside"), "kl_weighting` must be one of loss, inside, none"),
-        (dict(loss_type="cispo"), "loss_type` must be one of dapo, grpo, bnpo, dr_grpo"),
+        (dict(loss_type="ppo"), "loss_type` must be one of dapo, grpo, bnpo, dr_grpo, luspo, cispo, sapo, vespo"),
         (dict(importance_sampling_level="chunk"), "importance_sampling_level"),
         (dict(random_weight_low=1.5, random_weight_high=0.5), "random_weight_low"),
         (dict(cw_scope="everything"), "cw_scope"),
-        (dict(entropy_coef=0.01), "entropy bonus"),
     ],
 )
 def test_bad_configs_raise_clear_errors(tmp_path, kwargs, message):
@@ -52,3 +51,36 @@ def test_bad_configs_raise_clear_errors(tmp_path, kwargs, message):
 def test_user_strategy_by_dotted_path(tmp_path):
     args = make(tmp_path, strategies="sharpgrpo.strategies.probability_shaping.EqualWeights")
     assert args.strategies == ["sharpgrpo.strategies.probability_shaping.EqualWeights"]
+
+
+def test_every_trl_loss_type_and_the_entropy_bonus_are_accepted(tmp_path):
+    """Nothing TRL's GRPOConfig accepts is refused: the loss types its help lists (the pinned version's; a new one
+    fails here) and the entropy bonus, static and adaptive."""
+    import re
+
+    from trl import GRPOConfig
+
+    from sharpgrpo.config import SUPPORTED_LOSS_TYPES
+
+    trl_help = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    trl_loss_types = set(re.findall(r"'(\w+)'", re.search(r"Supported values are (.*?)\.", trl_help).group(1)))
+    assert trl_loss_types == set(SUPPORTED_LOSS_TYPES)
+    for loss_type in sorted(trl_loss_types):
+        assert make(tmp_path, loss_type=loss_type, weight_placement="loss", entropy_coef=0.01).loss_type == loss_type
+    adaptive = make(tmp_path, use_adaptive_entropy=True, entropy_target=0.5, weight_placement="loss")
+    assert adaptive.use_adaptive_entropy and adaptive.entropy_target == 0.5
+
+
+@pytest.mark.parametrize("strategies", ["grpo_sg", "equal", "random", "reverse"])
+def test_ratio_placement_refused_for_vespo_naming_both_fields(tmp_path, strategies):
+    """VESPO's gamma weight acts on a whole sequence's ratio: a token weight has no ratio to scale (README)."""
+    with pytest.raises(ValueError, match=r"`weight_placement='ratio'` is not defined for `loss_type='vespo'`"):
+        make(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="ratio")
+    assert make(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="loss").loss_type == "vespo"
+    for loss_type in ("cispo", "sapo", "luspo"):  # these have a per-token (or GSPO sequence) ratio to weight
+        assert make(tmp_path, strategies=strategies, loss_type=loss_type, weight_placement="ratio")
+
+
+def test_ratio_placement_irrelevant_without_a_weight_strategy(tmp_path):
+    args = make(tmp_path, strategies="cw_grpo", loss_type="vespo", weight_placement="ratio")
+    assert args.strategies == ["cw_grpo"]

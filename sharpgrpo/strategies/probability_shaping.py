@@ -32,35 +32,6 @@ def reverse_probability_shaping_weights(
     return 2.0 - probability_shaping_weights(probs, alpha, mu, tau, lower, upper)
 
 
-def weighted_clipped_surrogate(
-    ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    weights: torch.Tensor | None,
-    placement: str,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token clipped surrogate loss with a token weight (METHODS §1 "Where w enters the loss").
-
-    ``loss`` (default; TR-GRPO: "preserves the GRPO gradient structure up to the multiplicative factor w"):
-    ``-w * min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)``. ``ratio`` (GRPO-SG Eq. 13 as printed):
-    ``-min(w*r*A, clip(w*r, 1-eps_low, 1+eps_high)*A)``. ``weights=None`` is TRL's unweighted surrogate; ``delta``
-    is TRL's two-sided clip of the unclipped branch. Shapes broadcast: ratio (B, T) or (B, 1), advantages (B, 1) or
-    (B, T), weights (B, T) or None -> (per-token loss, the unclipped branch's ratio (w*r under ``ratio``; after
-    ``delta``), from which the trainer counts the tokens whose gradient the clip switched off).
-    """
-    if placement not in ("ratio", "loss"):
-        raise ValueError(f"placement must be 'ratio' or 'loss', got {placement!r}")
-    surrogate_ratio = ratio if weights is None or placement == "loss" else ratio * weights
-    clipped = torch.clamp(surrogate_ratio, 1 - epsilon_low, 1 + epsilon_high)
-    unclipped = surrogate_ratio if delta is None else torch.clamp(surrogate_ratio, max=delta)
-    per_token_loss = -torch.min(unclipped * advantages, clipped * advantages)
-    if weights is not None and placement == "loss":
-        per_token_loss = weights * per_token_loss
-    return per_token_loss, unclipped
-
-
 def ratio_silenced_range(
     weight_fn: Callable[[torch.Tensor], torch.Tensor], epsilon_high: float, iterations: int = 60
 ) -> tuple[float, float] | None:

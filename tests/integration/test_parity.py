@@ -1,8 +1,9 @@
 """SharpGRPOTrainer's loss against the parent GRPOTrainer (strategy `equal`) and against a float64 reference.
 
 The loss is TRL 1.16's `_compute_loss` with token weights added, so with w = 1 it must give the parent's loss and
-gradients for every supported loss type and option. Inputs are built directly (random completions, ragged masks,
-off-policy old log-probs, reference log-probs) so every branch is exercised without generation.
+gradients for every loss type TRL accepts and every option, the entropy bonus (static and adaptive) included.
+Inputs are built directly (random completions, ragged masks, off-policy old log-probs, reference log-probs) so every
+branch is exercised without generation.
 """
 
 import math
@@ -14,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+from sharpgrpo.losses import RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
 
 B, PROMPT, T = 8, 5, 6
@@ -110,13 +112,51 @@ EXTRAS = [
     dict(loss_type="dapo", beta=0.04, use_bias_correction_kl=True),
     dict(loss_type="dapo", beta=0.0, steps_per_generation=4, gradient_accumulation_steps=4),
 ]
+# The loss types beyond PPO's clip, and TRL's static entropy bonus (its scale per loss type and under accumulation).
+NEW_LOSS_CASES = [
+    dict(loss_type=loss_type, beta=beta, importance_sampling_level=level)
+    for loss_type in ["luspo", "cispo", "sapo", "vespo"]
+    for beta, level in [(0.0, "token"), (0.04, "sequence")]
+] + [
+    dict(loss_type="cispo", beta=0.0, epsilon_high=1.2),  # some ratios above the truncation, some below
+    dict(loss_type="sapo", beta=0.04, sapo_temperature_pos=2.0, sapo_temperature_neg=0.5),
+    dict(loss_type="vespo", beta=0.0, vespo_k_pos=1.0, vespo_lambda_neg=4.0, steps_per_generation=2,
+         gradient_accumulation_steps=2),
+]
+ENTROPY_CASES = [
+    dict(loss_type="dapo", beta=0.04, entropy_coef=0.05),
+    dict(loss_type="grpo", beta=0.0, entropy_coef=0.05, top_entropy_quantile=0.5, steps_per_generation=2,
+         gradient_accumulation_steps=2),
+    dict(loss_type="cispo", beta=0.0, epsilon_high=1.2, entropy_coef=-0.02),
+    dict(loss_type="luspo", beta=0.0, importance_sampling_level="sequence", entropy_coef=0.05,
+         steps_per_generation=2, gradient_accumulation_steps=2),
+]
 
 
-@pytest.mark.parametrize("options", CASES + EXTRAS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
-@pytest.mark.parametrize("off_policy", [True, False], ids=["off_policy", "on_policy"])
+def explicit_placement(options):
+    """`ratio` where the loss type defines it (w = 1 either way), set explicitly so the default does not matter."""
+    return "ratio" if options["loss_type"] in RATIO_PLACEMENT_LOSS_TYPES else "loss"
+
+
+PARITY_CASES = [(options, off_policy) for options in CASES + EXTRAS for off_policy in (True, False)] + [
+    (options, True) for options in NEW_LOSS_CASES + ENTROPY_CASES  # off-policy (r != 1, some clipped) only: cheaper
+]
+PARITY_IDS = [
+    ("off_policy-" if off else "on_policy-") + "-".join(f"{k}={v}" for k, v in o.items()) for o, off in PARITY_CASES
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "off_policy"),
+    PARITY_CASES,
+    ids=PARITY_IDS,
+)
 def test_equal_strategy_matches_parent(tiny_model_path, tmp_path, options, off_policy):
     parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", **options)
-    sharp = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", strategies="equal", **options)
+    sharp = build(
+        SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", strategies="equal",
+        weight_placement=explicit_placement(options), **options,
+    )
     accumulation = options.get("gradient_accumulation_steps", 1)
     for seed in range(2):
         inputs = make_inputs(parent, seed, off_policy=off_policy, with_ref=options["beta"] > 0)
@@ -125,6 +165,78 @@ def test_equal_strategy_matches_parent(tiny_model_path, tmp_path, options, off_p
         assert_same(expected, loss_and_grads(sharp, inputs, accumulation))
         for key, value in snapshot.items():  # TRL reuses inputs: they must not be mutated
             assert torch.equal(inputs[key], value), key
+    for key, values in parent._metrics["train"].items():  # TRL's metric names, same values
+        if key.startswith("clip_ratio/") and options.get("delta") is not None:
+            continue  # TRL measures clipping on the ratio already capped at delta; sharpgrpo on the ratio itself
+        assert sharp._metrics["train"][key] == pytest.approx(values, rel=1e-5, abs=1e-6), key
+
+
+def run_windows(trainer, micro_batches, accumulation):
+    """Micro-batches in accumulation windows, as TRL's loop runs them: gradients sync on each window's last."""
+    results = []
+    for k, inputs in enumerate(micro_batches):
+        trainer.accelerator.sync_gradients = k % accumulation == accumulation - 1
+        results.append(loss_and_grads(trainer, inputs, accumulation))
+    trainer.accelerator.sync_gradients = True
+    return results
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "sapo"])
+@pytest.mark.parametrize("entropy_target", [100.0, 0.0], ids=["below_target", "above_target"])
+def test_adaptive_entropy_matches_parent_over_accumulation_windows(tiny_model_path, tmp_path, loss_type,
+                                                                    entropy_target):
+    """Adaptive entropy control (Skywork-OR1) over 3 windows of 2 micro-batches: the same loss and gradients per
+    micro-batch, the same coefficient and measured entropy after each window, the same metrics."""
+    options = dict(
+        loss_type=loss_type, beta=0.0, use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.05,
+        entropy_target=entropy_target, steps_per_generation=2, gradient_accumulation_steps=2,
+    )
+    parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", **options)
+    sharp = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", strategies="equal",
+                  weight_placement="ratio", **options)
+    micro_batches = [make_inputs(parent, seed) for seed in range(6)]
+    for window in range(3):
+        batch = micro_batches[2 * window : 2 * window + 2]
+        expected, got = run_windows(parent, batch, 2), run_windows(sharp, batch, 2)
+        for parent_result, sharp_result in zip(expected, got, strict=True):
+            assert_same(parent_result, sharp_result)
+        assert sharp.entropy_coef == pytest.approx(parent.entropy_coef, abs=1e-12)
+        assert sharp._last_world_entropy == pytest.approx(parent._last_world_entropy, rel=1e-6)
+        assert sharp._entropy_window_stats is None and parent._entropy_window_stats is None
+    # Not vacuous: the coefficient moved every window, and (entropy below target) the bonus entered the loss.
+    step = 0.05 if entropy_target > 0 else -0.05
+    assert sharp.entropy_coef == pytest.approx(max(0.1 + 3 * step, 0.0))
+    metrics = sharp._metrics["train"]
+    assert metrics["entropy_coef"] == pytest.approx(parent._metrics["train"]["entropy_coef"])
+    assert len(metrics["entropy_coef"]) == 3 and len(metrics["policy_loss"]) == 6
+    # policy_loss is the loss before the bonus, per micro-batch (sapo) or already per window (dapo's normaliser)
+    policy_part = metrics["policy_loss"][-1] / (2 if loss_type == "sapo" else 1)
+    if entropy_target > 0:
+        assert abs(got[-1][0].item() - policy_part) > 1e-4
+    else:  # entropy above the target: no bonus applied
+        assert got[-1][0].item() == pytest.approx(policy_part, abs=1e-7)
+
+
+@pytest.mark.parametrize("loss_type", ["luspo", "cispo", "sapo", "vespo"])
+def test_loss_placed_weight_is_scaled_advantage_through_parent(tiny_model_path, tmp_path, loss_type):
+    """README: a loss-placed weight multiplies each token's policy term, which for every TRL surrogate equals the
+    parent trainer run with token advantages w*A (beta = 0: the KL term is not a policy term)."""
+    options = dict(loss_type=loss_type, beta=0.0)
+    parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", **options)
+    sharp = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", strategies="grpo_sg",
+                  weight_placement="loss", **options)
+    inputs = make_inputs(parent, 13, sampled=True, with_ref=False)
+    with torch.no_grad():
+        logps, _, _ = parent._get_per_token_logps_and_entropies(
+            parent.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            T,
+        )
+    weights = probability_shaping_weights(logps.exp(), 2.0, 0.25, 1 / 9, 1.0, 1.4)
+    assert weights[inputs["completion_mask"].bool()].std() > 0.01  # the weights really vary
+    scaled = {**inputs, "advantages": weights * inputs["advantages"].unsqueeze(1)}
+    assert_same(loss_and_grads(parent, scaled, 1), loss_and_grads(sharp, inputs, 1), atol=1e-6)
 
 
 @pytest.mark.parametrize("kl_weighting", ["loss", "inside", "none"])
