@@ -34,6 +34,7 @@ from typing import Any
 from sharpgrpo.compare_stats import METRICS, curve_band, run_metrics, summarize
 from sharpgrpo.diagnostics.curves import TRAINER_STATE, load_log_history, metric_series
 from sharpgrpo.evaluation.report import markdown_table
+from sharpgrpo.plot import ema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MARKER = "compare_run.json"
@@ -316,8 +317,11 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
     return "\n".join(lines)
 
 
-def plot_bands(histories: dict[str, dict[int, list]], key: str, path: Path, title: str, confidence: float) -> bool:
-    """Mean over seeds per step with its Student-t band, one line per strategy (``sharpgrpo.plot`` conventions)."""
+def plot_bands(
+    histories: dict[str, dict[int, list]], key: str, path: Path, title: str, confidence: float, smooth: float = 0.0
+) -> bool:
+    """Mean over seeds per step with its Student-t band, one line per strategy (``sharpgrpo.plot`` conventions);
+    ``smooth`` in (0, 1) first smooths each run's curve with ``sharpgrpo.plot.ema`` (0: raw values)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -330,6 +334,8 @@ def plot_bands(histories: dict[str, dict[int, list]], key: str, path: Path, titl
     for index, (label, runs) in enumerate(histories.items()):
         series = [metric_series(history, key) for history in runs.values()]
         series = [s for s in series if s[0]]
+        if 0 < smooth < 1:
+            series = [(steps, ema(values, smooth)) for steps, values in series]
         steps, means, lows, highs = curve_band(series, confidence)
         if not steps:
             continue
@@ -339,7 +345,8 @@ def plot_bands(histories: dict[str, dict[int, list]], key: str, path: Path, titl
             ax.fill_between(steps, lows, highs, color=color, alpha=0.2, linewidth=0)
         drawn = True
     if drawn:
-        ax.set_title(f"{title}: mean over seeds, {round(100 * confidence)}% band", fontsize=10)
+        note = f", EMA {smooth:g} per run" if 0 < smooth < 1 else ""
+        ax.set_title(f"{title}: mean over seeds, {round(100 * confidence)}% band{note}", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -352,8 +359,9 @@ def plot_bands(histories: dict[str, dict[int, list]], key: str, path: Path, titl
 
 
 def write_report(
-    runs: list[Run], output: Path, command: str, spike_factor: float = 3.0, confidence: float = 0.95
-) -> dict[str, Any]:
+    runs: list[Run], output: Path, command: str, spike_factor: float = 3.0, confidence: float = 0.95,
+    smooth: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
     """Aggregate the finished runs into ``summary.json``, ``report.md`` and the band plots; return the summary."""
     per_run, histories = collect(runs, spike_factor)
     baseline = runs[0].spec.label
@@ -370,7 +378,7 @@ def write_report(
     (output / "report.md").write_text(report_markdown(summary, runs, command))
     plots = []
     for key, title in (("reward", "Reward"), ("grad_norm", "Gradient norm")):
-        if plot_bands(histories, key, output / f"{key}.png", title, confidence):
+        if plot_bands(histories, key, output / f"{key}.png", title, confidence, smooth):
             plots.append(str(output / f"{key}.png"))
     summary["plots"] = plots
     return summary
@@ -402,6 +410,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timeout", type=float, default=None, help="Seconds after which a run counts as failed.")
     parser.add_argument("--spike_factor", type=float, default=3.0, help="Grad-norm spike: above this x the median.")
     parser.add_argument("--confidence", type=float, default=0.95, help="Interval level (Student t over seeds).")
+    parser.add_argument(
+        "--smooth", type=float, default=0.0, help="Plots only: EMA weight in (0, 1) applied to each run's curve."
+    )
     parser.add_argument("--python", default=sys.executable, help="Python interpreter of the runs.")
     parser.add_argument(
         "--report_only", action="store_true",
@@ -439,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run.status = "skipped" if run.finished() else "missing"
     else:
         run_all(runs, args.jobs, args.python, threads, args.timeout)
-    summary = write_report(runs, output, command, args.spike_factor, args.confidence)
+    summary = write_report(runs, output, command, args.spike_factor, args.confidence, args.smooth)
     failed = [r for r in runs if r.status == "failed"]
     print(f"Wrote {output / 'report.md'}, {output / 'summary.json'}" + "".join(f", {p}" for p in summary["plots"]))
     if failed:
