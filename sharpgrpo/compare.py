@@ -89,7 +89,9 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
         if not sep or not key:
             raise ValueError(f"--set {item!r} is not field=value.")
         if key in ("strategies", "seed", "output_dir"):
-            raise ValueError(f"--set {key}=... is set by the comparison itself (use --strategies / --seeds / --output).")
+            raise ValueError(
+                f"--set {key}=... is set by the comparison itself (use --strategies / --seeds / --output)."
+            )
         pairs.append((key, value))
     return pairs
 
@@ -180,7 +182,7 @@ def execute(run: Run, python: str, threads: int, timeout: float | None = None) -
                 log.write("$ " + " ".join(command) + "\n")
                 log.flush()
                 code = subprocess.run(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=timeout
+                    command, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=timeout
                 ).returncode
                 if code != 0:
                     run.status, run.error = "failed", f"exit code {code} of {Path(command[1]).name} {command[2]}"
@@ -237,7 +239,9 @@ def collect(runs: list[Run], spike_factor: float) -> tuple[dict[str, dict[int, d
         if run.status not in ("done", "skipped"):
             continue
         history = load_log_history(run.directory)
-        eval_result = json.loads(run.eval_output.read_text()) if run.eval_output and run.eval_output.is_file() else None
+        eval_result = (
+            json.loads(run.eval_output.read_text()) if run.eval_output and run.eval_output.is_file() else None
+        )
         per_run[run.spec.label][run.seed] = run_metrics(history, eval_result, spike_factor)
         histories[run.spec.label][run.seed] = history
     return per_run, histories
@@ -275,8 +279,10 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
         "",
         f"Command: `{command}`",
         "",
-        f"Per strategy: mean over seeds [{confidence}% Student-t interval]. Baseline for paired differences: "
-        f"**{summary['baseline']}**. Spikes: grad norm above {summary['spike_factor']:g} x the run's median.",
+        (
+            f"Per strategy: mean over seeds [{confidence}% Student-t interval]. Baseline for paired differences: "
+            f"**{summary['baseline']}**. Spikes: grad norm above {summary['spike_factor']:g} x the run's median."
+        ),
         "",
     ]
     failed = [r for r in runs if r.status == "failed"]
@@ -301,8 +307,10 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
         lines += [
             f"## Paired difference vs {summary['baseline']}",
             "",
-            f"Strategy minus baseline on the same seed: mean [{confidence}% interval], then wins / paired seeds "
-            "(a win is a better value: higher reward, accuracy and entropy; lower grad norm, CV, spikes and time).",
+            (
+                f"Strategy minus baseline on the same seed: mean [{confidence}% interval], then wins / paired seeds "
+                "(a win is a better value: higher reward, accuracy and entropy; lower grad norm, CV, spikes and time)."
+            ),
             "",
         ]
         headers = ["Strategy"] + [titles[n] for n in names]

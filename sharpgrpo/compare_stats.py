@@ -125,7 +125,10 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str
 
 
 def paired_difference(
-    values: Mapping[Any, float | None], baseline: Mapping[Any, float | None], direction: int = +1, confidence: float = 0.95
+    values: Mapping[Any, float | None],
+    baseline: Mapping[Any, float | None],
+    direction: int = +1,
+    confidence: float = 0.95,
 ) -> dict[str, Any]:
     """``values - baseline`` over the seeds both have (finite), with :func:`mean_interval`, the number of seeds the
     strategy wins (difference > 0 when ``direction`` is +1, < 0 when -1) and ties."""

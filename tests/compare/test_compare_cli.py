@@ -45,7 +45,10 @@ def test_compare_end_to_end_resume_then_a_crash(tmp_path, tiny_model_path):
     ]  # fmt: skip
     summary = main([*common, "--seeds", "0", "1", "--strategies", "equal", "grpo_sg"])
     assert {(r["strategy"], r["seed"], r["status"]) for r in summary["runs"]} == {
-        ("equal", 0, "done"), ("equal", 1, "done"), ("grpo_sg", 0, "done"), ("grpo_sg", 1, "done")
+        ("equal", 0, "done"),
+        ("equal", 1, "done"),
+        ("grpo_sg", 0, "done"),
+        ("grpo_sg", 1, "done"),
     }
     on_disk = json.loads((output / "summary.json").read_text())
     equal = on_disk["strategies"]["equal"]["metrics"]
@@ -63,12 +66,15 @@ def test_compare_end_to_end_resume_then_a_crash(tmp_path, tiny_model_path):
     again = main([*common, "--seeds", "0", "--strategies", "equal", "grpo_sg", "equal:learning_rate=not_a_number"])
     statuses = {(r["strategy"], r["seed"]): r["status"] for r in again["runs"]}
     assert statuses == {
-        ("equal", 0): "skipped", ("grpo_sg", 0): "skipped", ("equal (learning_rate=not_a_number)", 0): "failed"
+        ("equal", 0): "skipped",
+        ("grpo_sg", 0): "skipped",
+        ("equal (learning_rate=not_a_number)", 0): "failed",
     }
     assert {k: p.stat().st_mtime_ns for k, p in states.items()} == mtimes
-    assert again["strategies"]["grpo_sg"]["metrics"]["final_reward"]["mean"] == runs[("grpo_sg", 0)]["metrics"][
-        "final_reward"
-    ]
+    assert (
+        again["strategies"]["grpo_sg"]["metrics"]["final_reward"]["mean"]
+        == runs[("grpo_sg", 0)]["metrics"]["final_reward"]
+    )
     report = (output / "report.md").read_text()
     for run in again["runs"]:
         if run["status"] == "failed":
@@ -78,7 +84,31 @@ def test_compare_end_to_end_resume_then_a_crash(tmp_path, tiny_model_path):
     # --report_only runs nothing: finished runs are aggregated, the others listed as not run.
     partial = main([*common, "--seeds", "0", "1", "--strategies", "equal", "random", "--report_only"])
     assert {(r["strategy"], r["seed"]): r["status"] for r in partial["runs"]} == {
-        ("equal", 0): "skipped", ("equal", 1): "skipped", ("random", 0): "missing", ("random", 1): "missing"
+        ("equal", 0): "skipped",
+        ("equal", 1): "skipped",
+        ("random", 0): "missing",
+        ("random", 1): "missing",
     }
     assert not (output / "runs" / "random").exists()
     assert "Not run: random seed 0, random seed 1" in (output / "report.md").read_text()
+
+
+def test_strict_letters_evaluation_task(tmp_path, tiny_model_path):
+    from sharpgrpo.evaluation import EvalConfig, evaluate
+    from sharpgrpo.tasks import register_tasks
+
+    register_tasks()
+    config = EvalConfig(
+        model=tiny_model_path, task="strict_letters", output=str(tmp_path / "eval.json"), limit=4, n_samples=4,
+        max_new_tokens=8, temperature=1.0, top_p=1.0, backend="transformers", progress=False,
+    )  # fmt: skip
+    result = evaluate(config)
+    records = [json.loads(line) for line in (tmp_path / "eval.samples.jsonl").read_text().splitlines()[1:]]
+    assert sorted((r["group"], len(r["completions"])) for r in records) == [("greedy", 1)] * 4 + [("sampled", 4)] * 4
+    for record in records:  # the stored verdicts are the reward's answer check
+        allowed = [record["reference"]["allowed"]] * len(record["completions"])
+        assert record["correct"] == strict_letters_correct(None, record["completions"], allowed)
+    greedy = [r["correct"][0] for r in records if r["group"] == "greedy"]
+    overall = result["summary"]["overall"]
+    assert overall["accuracy"] == pytest.approx(sum(greedy) / 4)
+    assert set(overall["pass@k"]) == {"1", "2", "4"}

@@ -126,6 +126,6 @@ def test_summarize_and_band():
     assert list(summary["differences"]) == ["grpo_sg"]
     assert difference["final_reward"]["mean"] == pytest.approx(0.0) and difference["final_reward"]["wins"] == 1
     assert difference["grad_norm_mean"]["wins"] == 1  # lower grad norm wins on seed 0 only
-    steps, means, lows, highs = curve_band([([1, 2, 3], [0.0, 1.0, 2.0]), ([2, 3], [3.0, 4.0])])
+    steps, means, _lows, highs = curve_band([([1, 2, 3], [0.0, 1.0, 2.0]), ([2, 3], [3.0, 4.0])])
     assert steps == [2, 3] and means == [2.0, 3.0]
     assert highs[0] - means[0] == pytest.approx(12.7062047 * math.sqrt(2.0) / math.sqrt(2), rel=1e-7)
