@@ -28,7 +28,6 @@ from sharpgrpo.cli_checks import (
     one_line_errors,
     resolve_reward_functions,
 )
-from sharpgrpo.demo import register_demo
 from sharpgrpo.lifecycle import CheckpointError, NonFiniteTrainingError, lifecycle_callback, resolve_resume_checkpoint
 from sharpgrpo.run_output import (
     CompletionsCallback,
@@ -37,6 +36,7 @@ from sharpgrpo.run_output import (
     training_summary,
 )
 from sharpgrpo.search.config import SearchArguments
+from sharpgrpo.tasks import register_tasks
 from sharpgrpo.tiny import resolve_model_name
 
 
@@ -105,7 +105,7 @@ def main(
 
 
 def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
-    register_demo()
+    register_tasks()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
     check_model_source(model_name, revision=model_args.model_revision)
