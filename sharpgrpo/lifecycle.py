@@ -237,7 +237,7 @@ class LifecycleCallback(TrainerCallback):
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
             with open(os.path.join(args.output_dir, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
-                handle.write(args.to_json_string())
+                json.dump(_json_safe(args.to_dict()), handle, indent=2, sort_keys=True, default=str)
 
     def on_train_end(self, args, state, control, **kwargs):
         for sig, handler in self._previous_handlers.items():
@@ -305,3 +305,13 @@ class LifecycleCallback(TrainerCallback):
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:
     return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, LifecycleCallback)), None)
+
+
+def _json_safe(value):
+    """``value`` with every mapping key as a string (e.g. ``generation_kwargs={"sequence_bias": {(id,): b}}``), so the
+    arguments of any run can be written as JSON."""
+    if isinstance(value, dict):
+        return {key if isinstance(key, str) else repr(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value

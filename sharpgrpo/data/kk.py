@@ -405,6 +405,10 @@ def shared_kk_path(n_people: int, source: str = "regen") -> Path:
     file_names = {"regen": f"kk_test_regen_{n_people}ppl.jsonl", "logicrl": f"logicrl_test_{n_people}ppl.jsonl"}
     if source not in file_names:
         raise ValueError(f"Unknown K&K source {source!r}; valid: regen, logicrl.")
+    if source == "logicrl" and not 3 <= n_people <= 7:
+        raise FileNotFoundError(
+            f"Logic-RL's K&K test sets cover 3 to 7 people, not {n_people} people; use source='regen' (2 to 8)."
+        )
     directory = shared_data_dir("kk")
     path = None if directory is None else directory / file_names[source]
     if path is None or not path.is_file():
