@@ -106,6 +106,12 @@ def build_tiny_model(
         from sharpgrpo.demo import warm_start_texts
 
         _supervised_warm_start(model, tokenizer, warm_start_texts(seed=seed), warm_start_steps)
+    return save_built_model(model, tokenizer, directory)
+
+
+def save_built_model(model, tokenizer, directory: Path) -> Path:
+    """Save a locally built model and tokenizer into ``directory`` atomically (written beside it, then renamed), so
+    that concurrent builders and interrupted builds never leave a half-written cached model."""
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")

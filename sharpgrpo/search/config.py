@@ -3,10 +3,22 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from sharpgrpo.validation import ConfigError, integer, one_of, positive, validate_fields
+
 RETRIEVERS = ("bm25", "dense")
+# What each option accepts (sharpgrpo.validation, the same layer as SharpGRPOConfig's FIELD_RULES).
+SEARCH_FIELD_RULES = {
+    "retriever": one_of(*RETRIEVERS),
+    "max_search_turns": integer(1),
+    "retrieval_topk": integer(1),
+    "max_obs_tokens": integer(1),
+    "max_turn_tokens": integer(1),
+    "retrieval_retries": integer(1),
+    "retrieval_timeout": positive(note="seconds"),
+    "server_start_timeout": positive(note="seconds"),
+}
 
 
 @dataclass
@@ -83,18 +95,12 @@ class SearchArguments:
     )
 
     def __post_init__(self):
-        if self.retriever not in RETRIEVERS:
-            raise ValueError(f"`retriever` must be one of {', '.join(RETRIEVERS)}; got {self.retriever!r}.")
+        validate_fields(self, SEARCH_FIELD_RULES)
         if self.retrieval_url and self.retrieval_corpus:
-            raise ValueError("Give either `retrieval_url` (a running server) or `retrieval_corpus`, not both.")
-        for name in ("max_search_turns", "retrieval_topk", "max_obs_tokens", "max_turn_tokens", "retrieval_retries"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an integer >= 1; got {value!r}.")
-        for name in ("retrieval_timeout", "server_start_timeout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"`{name}` must be a finite number of seconds > 0; got {value!r}.")
+            raise ConfigError(
+                f"retrieval_url={self.retrieval_url!r}: give either retrieval_url (a running server) or "
+                "retrieval_corpus (a server started here), not both."
+            )
 
     @property
     def enabled(self) -> bool:

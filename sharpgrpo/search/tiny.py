@@ -90,18 +90,9 @@ def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int 
         optimizer.step()
         optimizer.zero_grad()
     model.eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    if (directory / "config.json").exists():
-        import shutil
+    from sharpgrpo.tiny import save_built_model
 
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
-    return directory
+    return save_built_model(model, tokenizer, directory)
 
 
 def resolve_search_model_name(name_or_path: str) -> str:
