@@ -40,7 +40,7 @@ from sharpgrpo.lifecycle import (
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 8
+STEPS = 16  # the tiny demo runs ~20 steps/s on idle cores: room for the signal to land before the end
 # A constant learning rate, so that `max_steps` changes nothing but the length: the interrupted run is given 200 steps
 # (it is certain to be running when the signal comes, however loaded the machine), the others STEPS.
 ARGS = ["--save_strategy", "steps", "--save_steps", "2", "--lr_scheduler_type", "constant"]
@@ -77,7 +77,7 @@ def runs(tmp_path_factory):
     while not (interrupted / "checkpoint-2" / COMPLETE_MARKER).exists():
         assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
         time.sleep(0.02)
-    time.sleep(random.uniform(0.0, 0.3))  # a random step from 2 on
+    time.sleep(random.uniform(0.0, 0.1))  # a random step from 2 on
     process.send_signal(signal.SIGTERM)
     _, stopped_err = process.communicate(timeout=240)
     stop = max(int(p.name.split("-")[1]) for p in interrupted.glob("checkpoint-*") if (p / COMPLETE_MARKER).exists())
