@@ -30,126 +30,16 @@ from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.correctness import answer_verdicts, correct_completions
-from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
 from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 from sharpgrpo.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
+from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
+from sharpgrpo.model_card import STRATEGY_PAPERS, fix_card_links, strategies_bibtex, strategy_card_section
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 from sharpgrpo.strategies.probability_shaping import ARTokenAdvantages, ar_token_advantages
 from sharpgrpo.validation import StrategyOutputChecker
+from sharpgrpo.vllm_seeding import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
-
-# The paper each strategy implements, for the model card (TRL's `_paper` convention).
-STRATEGY_PAPERS: dict[str, dict[str, str]] = {
-    "grpo_sg": {
-        "title": "Sharpness-Guided Group Relative Policy Optimization via Probability Shaping",
-        "citation": "Tue Le, Linh Ngo Van, Trung Le. Sharpness-Guided Group Relative Policy Optimization via "
-        "Probability Shaping (GRPO-SG; earlier version: Sharpness-Controlled GRPO with Token-Level Probability "
-        "Shaping, TR-GRPO).",
-    },
-    "cw_grpo": {
-        "title": "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",
-        "id": "2605.11538",
-        "citation": "Cheng Wang, Qin Liu, Wenxuan Zhou, Muhao Chen. Taming Extreme Tokens: Covariance-Aware GRPO "
-        "with Gaussian-Kernel Advantage Reweighting. arXiv:2605.11538.",
-    },
-    "thr": {
-        "title": "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement "
-        "Learning",
-        "citation": "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement "
-        "Learning (THR).",
-    },
-}
-STRATEGY_PAPERS["reverse"] = STRATEGY_PAPERS["random"] = STRATEGY_PAPERS["equal"] = STRATEGY_PAPERS["grpo_sg"]
-STRATEGY_PAPERS["nthr"] = STRATEGY_PAPERS["thr"]
-STRATEGY_PAPERS["ar"] = {
-    "title": "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
-    "citation": "Yang et al. 2025, Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs (AR-Lopti).",
-}
-STRATEGY_PAPERS["passk_mixed"] = {
-    "title": "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large Reasoning Models",
-    "citation": "Chen et al. 2025, Pass@k Training for Adaptively Balancing Exploration and Exploitation.",
-}
-# The config fields each strategy reads (shown on the model card).
-_SHAPING_FIELDS = ("sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper", "weight_placement", "kl_weighting")
-STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
-    "grpo_sg": _SHAPING_FIELDS,
-    "reverse": _SHAPING_FIELDS,
-    "equal": ("weight_placement", "kl_weighting"),
-    "random": ("random_weight_low", "random_weight_high", "random_weight_seed", "weight_placement", "kl_weighting"),
-    "ar": ("ar_alpha",),
-    "cw_grpo": ("cw_scope", "cw_advantage_mean", "cw_sigma_eps"),
-    "thr": ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab"),
-    "nthr": ("thr_beta", "thr_vocab"),
-    "passk_mixed": ("passk_k",),
-}
-
-
-def _is_hub_id(name: str | None) -> bool:
-    return bool(name) and name.count("/") == 1 and not os.path.exists(name) and not name.startswith((".", "/"))
-
-
-def strategies_bibtex(strategies) -> str:
-    """One ``@misc`` BibTeX entry per distinct paper of the named strategies (arXiv fields where known)."""
-    entries, seen = [], set()
-    for name in strategies:
-        paper = STRATEGY_PAPERS.get(name)
-        if paper is None or paper["title"] in seen:
-            continue
-        seen.add(paper["title"])
-        fields = [f"  title = {{{{{paper['title']}}}}}", f"  note = {{{paper['citation']}}}"]
-        if "id" in paper:
-            fields += [f"  eprint = {{{paper['id']}}}", "  archivePrefix = {arXiv}"]
-        entries.append(f"@misc{{sharpgrpo_{name},\n" + ",\n".join(fields) + "\n}")
-    return "\n\n".join(entries)
-
-
-def fix_card_links(text: str, base_model, dataset_name, hub_model_id, output_dir) -> str:
-    """Replace TRL's "None" base model and repository and its Hub link for a dataset that is not on the Hub."""
-    base = f"[{base_model}](https://huggingface.co/{base_model})" if _is_hub_id(base_model) else f"`{base_model}`"
-    if base_model:
-        text = text.replace("[None](https://huggingface.co/None)", base)
-        text = text.replace("model_name: ", f"base_model: {base_model}\nmodel_name: ", 1) if _is_hub_id(base_model) else text
-    else:
-        text = text.replace("a fine-tuned version of [None](https://huggingface.co/None)", "a fine-tuned model")
-    if dataset_name and not _is_hub_id(dataset_name):
-        text = text.replace(f"[{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset",
-                            f"`{dataset_name}` dataset")  # fmt: skip
-        text = text.replace(f"datasets: {dataset_name}\n", "")
-    if not hub_model_id:
-        local = output_dir if not os.path.isabs(output_dir) else os.path.basename(os.path.normpath(output_dir))
-        text = text.replace('model="None"', f'model="{local}"')
-    return text
-
-
-def colocated_vllm_seed(seed: int, process_index: int, tensor_parallel_size: int = 1) -> int:
-    """Seed of a process's colocated vLLM sampling: the training seed plus the process's tensor-parallel group.
-
-    The processes of one tensor-parallel group must draw the same samples (TRL seeds them alike); with
-    ``tensor_parallel_size = 1`` this is ``seed + process_index``, TRL's own per-process training seed."""
-    return int(seed) + process_index // max(int(tensor_parallel_size), 1)
-
-
-def server_request_seed(seed: int, generation_index: int) -> int:
-    """Per-request vLLM seed for server mode: distinct for every generation batch and every training seed."""
-    return (int(seed) * 1_000_003 + int(generation_index)) % (2**31 - 1)
-
-
-def refuse_vllm_request_seed(args) -> None:
-    """Refuse a fixed ``seed`` in ``generation_kwargs`` with colocated vLLM.
-
-    Colocated vLLM generates each of the G copies of a prompt as its own request (``n = 1``); a ``seed`` in the
-    sampling parameters gives every request the same generator, so the G completions of a prompt would be identical
-    and every advantage 0. The trainer seeds colocated sampling from ``seed`` instead (``_seed_colocated_vllm``).
-    """
-    if args.use_vllm and args.vllm_mode == "colocate" and "seed" in (args.generation_kwargs or {}):
-        raise ValueError(
-            "`generation_kwargs` sets `seed` with `vllm_mode='colocate'`: vLLM would give each of the "
-            f"num_generations={args.num_generations} copies of a prompt the same random stream, so every group's "
-            "completions would be identical and its advantages 0. Remove it: SharpGRPOTrainer seeds colocated "
-            "sampling from `seed` and the process index."
-        )
-
 
 def prompt_completion(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Input ids and attention mask of the prompts followed by their completions (TRL's batch layout)."""
@@ -874,19 +764,11 @@ class SharpGRPOTrainer(GRPOTrainer):
         path = os.path.join(self.args.output_dir, "README.md")
         with open(path, encoding="utf-8") as card:
             text = card.read()
-        text = fix_card_links(text, base_model or self.base_model_name, dataset_name, self.hub_model_id or self.args.hub_model_id,
-                              self.args.output_dir)  # fmt: skip
+        repo_id = self.hub_model_id or self.args.hub_model_id
+        text = fix_card_links(text, base_model or self.base_model_name, dataset_name, repo_id, self.args.output_dir)
         with open(path, "w", encoding="utf-8") as card:
             card.write(text + "\n" + self.strategy_card_section())
 
     def strategy_card_section(self) -> str:
         """Markdown: each configured strategy with its parameters and the paper it implements."""
-        lines = ["## sharpgrpo strategies", ""]
-        for name in self.args.strategies:
-            fields = [f for f in STRATEGY_FIELDS.get(name, ()) if hasattr(self.args, f)]
-            params = ", ".join(f"`{f}={getattr(self.args, f)!r}`" for f in fields)
-            paper = STRATEGY_PAPERS.get(name, {}).get("citation", "user-defined strategy")
-            lines.append(f"- **`{name}`** ({params or 'no parameters'}). {paper}")
-        lines += ["", f"Loss type `{self.args.loss_type}`, beta `{self.args.beta}`, "
-                  f"importance sampling level `{self.args.importance_sampling_level}`.", ""]
-        return "\n".join(lines)
+        return strategy_card_section(self.args)

@@ -40,7 +40,7 @@ from _launch_worker import COMPARED_PREFIXES, build_config, run_case
 
 from sharpgrpo import SharpGRPOTrainer
 from sharpgrpo.demo import allowed_letters_reward, demo_dataset
-from sharpgrpo.trainer import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
+from sharpgrpo.vllm_seeding import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_launch_worker.py")
