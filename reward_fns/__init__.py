@@ -1,7 +1,8 @@
 """Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float | None]``.
 
 Registered names (METHODS.md §5): ``kk`` (Logic-RL Knights & Knaves reward), ``math`` (binary math-verify reward),
-``qa_em`` (Search-R1 exact match), ``think_format`` (CW-GRPO's ``<think>`` format reward). ``get_reward_function``
+``qa_em`` (Search-R1 exact match), ``think_format`` (CW-GRPO's ``<think>`` format reward), ``search_format``
+(Search-R1's multi-turn think/search/answer format). ``get_reward_function``
 also imports a dotted path (``my_package.my_module.my_reward``) so users can plug their own. Every function accepts
 string or chat-message completions, reads its gold column from the keyword arguments TRL passes, and never raises on
 model output. This package does not import torch.
@@ -50,7 +51,7 @@ def get_reward_function(name_or_path: str):
 
 
 # Importing the submodules registers their functions (they need register_reward, defined above).
-from reward_fns.format import think_format_reward  # noqa: E402
+from reward_fns.format import search_format_reward, think_format_reward  # noqa: E402
 from reward_fns.kk import kk_correct, kk_reward  # noqa: E402
 from reward_fns.math import math_correct, math_reward  # noqa: E402
 from reward_fns.qa import qa_em_reward  # noqa: E402
@@ -66,5 +67,6 @@ __all__ = [
     "math_reward",
     "qa_em_reward",
     "register_reward",
+    "search_format_reward",
     "think_format_reward",
 ]

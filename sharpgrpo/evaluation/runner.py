@@ -49,6 +49,8 @@ RESULT_SETTINGS = (
     "retrieval_corpus",
     "max_search_turns",
     "retrieval_topk",
+    "max_obs_tokens",
+    "max_turn_tokens",
 )
 
 
@@ -144,6 +146,15 @@ class EvalConfig:
     )
     max_search_turns: int = field(default=4, metadata={"help": "search_qa: most searches per question (METHODS §6)."})
     retrieval_topk: int = field(default=3, metadata={"help": "search_qa: passages per search (METHODS §6)."})
+    max_obs_tokens: int | None = field(
+        default=None,
+        metadata={"help": "search_qa: most tokens per <information> block. Default: the run's own (search_args.json "
+                  "or training_args.json next to the model), else 500."},
+    )
+    max_turn_tokens: int | None = field(
+        default=None,
+        metadata={"help": "search_qa: most sampled tokens per turn. Default: the run's own, else 500."},
+    )
 
     def __post_init__(self):
         if self.task not in EVAL_TASKS:
@@ -251,7 +262,12 @@ def _problem_seed(base: int, problem_id: str) -> int:
 def build_generator(config: EvalConfig, workdir: Path):
     from sharpgrpo.evaluation.models import load_model_and_tokenizer, load_tokenizer, merged_model_directory
 
-    backend = choose_backend(config.backend)
+    if config.task == "search_qa":  # multi-turn episodes on transformers generate (sharpgrpo.search.evaluation)
+        from sharpgrpo.search.evaluation import search_backend
+
+        backend = search_backend(config.backend)
+    else:
+        backend = choose_backend(config.backend)
     if backend == "vllm":
         path = merged_model_directory(config.model, workdir)
         return backend, VLLMGenerator(
@@ -292,6 +308,14 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         config = dataclasses.replace(config, max_new_tokens=budget)
         if config.progress:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
+    if config.task == "search_qa" and (config.max_obs_tokens is None or config.max_turn_tokens is None):
+        from sharpgrpo.search.evaluation import run_episode_limits
+
+        limits, source = run_episode_limits(config.model)
+        config = dataclasses.replace(config, **{k: v for k, v in limits.items() if getattr(config, k) is None})
+        if config.progress:
+            print(f"max_obs_tokens = {config.max_obs_tokens}, max_turn_tokens = {config.max_turn_tokens} "
+                  f"({source or 'defaults'})", file=sys.stderr)
     task: EvalTask = EVAL_TASKS.get(config.task)()
     paths = output_paths(config.output)
     settings = result_settings(config)

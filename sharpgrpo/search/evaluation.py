@@ -9,6 +9,43 @@ from collections.abc import Sequence
 from sharpgrpo.search.rollout import HFGenerateBackend, SearchLimits, answer_retrieved, run_episodes
 
 
+def search_backend(requested: str) -> str:
+    """The evaluator backend for ``--task search_qa``: its episodes run on transformers ``generate``, so ``auto``
+    means transformers (even where vLLM is installed); an explicit ``vllm`` is refused in one line."""
+    if requested in ("auto", "transformers"):
+        return "transformers"
+    if requested == "vllm":
+        raise ValueError("--task search_qa runs its multi-turn episodes with transformers; use --backend transformers "
+                         "(or auto), not vllm.")
+    raise ValueError(f"Unknown backend {requested!r}; choose auto, vllm or transformers.")
+
+
+DEFAULT_EPISODE_LIMITS = {"max_obs_tokens": 500, "max_turn_tokens": 500}
+
+
+def run_episode_limits(model: str) -> tuple[dict[str, int], str | None]:
+    """``max_obs_tokens`` and ``max_turn_tokens`` of the run that trained ``model``: from ``search_args.json`` (written
+    by the search rollout) or ``training_args.json`` in the model folder or, for a ``checkpoint-N``, its run folder;
+    else SearchArguments' defaults (500 / 500). Returns (limits, the file they came from or None)."""
+    import json
+    from pathlib import Path
+
+    from sharpgrpo.search.rollout import SEARCH_ARGS_JSON
+    from sharpgrpo.tiny import resolve_model_name
+
+    path = Path(resolve_model_name(model))
+    for folder in (path, path.parent):
+        for name in (SEARCH_ARGS_JSON, "training_args.json"):
+            try:
+                values = json.loads((folder / name).read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            found = {k: values[k] for k in DEFAULT_EPISODE_LIMITS if isinstance(values.get(k), int) and values[k] > 0}
+            if found:
+                return {**DEFAULT_EPISODE_LIMITS, **found}, str(folder / name)
+    return dict(DEFAULT_EPISODE_LIMITS), None
+
+
 class SearchEvalGenerator:
     """Wraps the evaluator's ``TransformersGenerator``: ``generate(prompts, settings, seed)`` runs one Search-R1
     episode per prompt and returns the evaluator's sample dicts plus a ``search`` entry per sample."""
@@ -89,6 +126,7 @@ def search_generator(config, generator, workdir, stack):
         retrieval_corpus=config.retrieval_corpus,
         max_search_turns=config.max_search_turns,
         retrieval_topk=config.retrieval_topk,
+        **{k: getattr(config, k) for k in DEFAULT_EPISODE_LIMITS if getattr(config, k, None) is not None},
     )
     if not search_args.enabled:
         raise ValueError("--task search_qa needs --retrieval_url or --retrieval_corpus.")

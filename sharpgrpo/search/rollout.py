@@ -138,6 +138,17 @@ def _observation_ids(tokenizer, passages: str, max_obs_tokens: int) -> list[int]
     return head_ids + encode(passages.strip())[:room] + tail_ids
 
 
+SEARCH_ARGS_JSON = "search_args.json"
+
+
+def _eos_list(tokenizer, eos_ids) -> list[int]:
+    if eos_ids is None:
+        eos_ids = tokenizer.eos_token_id
+    if eos_ids is None:
+        return []
+    return [int(eos_ids)] if isinstance(eos_ids, int) else [int(i) for i in eos_ids]
+
+
 def run_episodes(
     prompt_ids: Sequence[Sequence[int]],
     backend: GenerationBackend,
@@ -145,11 +156,13 @@ def run_episodes(
     tokenizer,
     limits: SearchLimits,
     sync_max: Callable[[int], int] = lambda value: value,
+    eos_ids: Sequence[int] | None = None,
 ) -> list[Episode]:
     """Run one episode per prompt (see the module docstring). ``retrieve(queries)`` returns, per query, Search-R1
-    documents; ``sync_max(x)`` is the maximum of ``x`` over processes (identity with one process)."""
+    documents; ``sync_max(x)`` is the maximum of ``x`` over processes (identity with one process). ``eos_ids``: the
+    tokens that end an episode (TRL's ``trainer.eos_token_ids``; default the tokenizer's EOS)."""
     episodes = [Episode() for _ in prompt_ids]
-    eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    eos_ids = _eos_list(tokenizer, eos_ids)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
     stops = limits.stop_strings
     for _ in range(limits.max_search_turns + 1):
@@ -286,7 +299,8 @@ class HFGenerateBackend:
                 tokenizer=self.tokenizer,  # stop_strings need it
             )
         completions = out[:, width:].cpu().tolist()
-        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        config_eos = getattr(self.generation_config, "eos_token_id", None)  # generate stops at all of them
+        eos = sorted(set(_eos_list(self.tokenizer, None)) | set(_eos_list(self.tokenizer, config_eos)))
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
         results = []
         for ids in completions:  # finished rows are padded after their stop: cut there
@@ -352,7 +366,9 @@ class SearchRolloutFunc:
                 return int(accelerator.gather(torch.tensor([value], device=accelerator.device)).max().item())
         else:
             sync_max = lambda value: value
-        episodes = run_episodes(prompt_ids, backend, retrieve, trainer.processing_class, limits, sync_max)
+        self._save_search_args(trainer)
+        eos_ids = getattr(trainer, "eos_token_ids", None)  # TRL: the tokenizer's EOS and the generation config's
+        episodes = run_episodes(prompt_ids, backend, retrieve, trainer.processing_class, limits, sync_max, eos_ids)
 
         inputs = getattr(trainer, "_rollout_inputs", None)
         golds = None
@@ -375,6 +391,24 @@ class SearchRolloutFunc:
             "search_turns": [e.turns for e in episodes],
             "search_calls": [e.searches for e in episodes],
         }
+
+    def _save_search_args(self, trainer) -> None:
+        """``search_args.json`` in the run's output_dir (once): ``sharpgrpo.eval --task search_qa`` reads the episode
+        limits (max_obs_tokens, max_turn_tokens, ...) from it."""
+        if getattr(self, "_saved", False) or not trainer.is_world_process_zero():
+            return
+        import dataclasses
+        import json
+        import os
+
+        self._saved = True
+        try:
+            os.makedirs(trainer.args.output_dir, exist_ok=True)
+            values = dataclasses.asdict(self.search_args) if dataclasses.is_dataclass(self.search_args) else {}
+            with open(os.path.join(trainer.args.output_dir, SEARCH_ARGS_JSON), "w", encoding="utf-8") as handle:
+                json.dump(values, handle, indent=2, sort_keys=True, default=str)
+        except OSError:
+            pass
 
     @staticmethod
     def _backend(trainer) -> GenerationBackend:

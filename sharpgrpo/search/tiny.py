@@ -3,7 +3,9 @@ on synthetic Search-R1 episodes (prompt, ``<think>``, ``<search>``, retrieved ``
 
 It is cached apart from ``sharpgrpo-tiny`` (``$SHARPGRPO_CACHE/tiny-search-qwen2-v{TINY_SEARCH_VERSION}``) and
 resolved from the name ``sharpgrpo-tiny-search``. The warm start teaches the format only (the loss skips the prompt
-and the retrieved text, as RL does); whether the answer is right is left to RL. About 30-60 s of CPU time.
+and the retrieved text, as RL does); whether the answer is right is left to RL. It trains on the full Search-R1 prompt
+that RL uses (an earlier build trained on the prompt's last line only, and searched in ~6% of RL episodes), with a first
+turn short enough for ``max_turn_tokens: 64``. About 1-2 min of CPU time on 2 cores.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from sharpgrpo.search.format import INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_OPEN, information_block, make_prompt
 
 TINY_SEARCH_NAME = "sharpgrpo-tiny-search"
-TINY_SEARCH_VERSION = 1  # bump when the build changes
+TINY_SEARCH_VERSION = 2  # bump when the build changes
 SEARCH_TAG_TOKENS = [SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE]
 _WORDS = ["river", "city", "king", "queen", "film", "song", "author", "river", "painter", "island", "bridge", "tower", "battle", "novel", "league", "team", "mountain", "lake", "empire", "church", "school", "castle", "opera", "poet", "village", "prize", "museum", "valley", "harbour", "temple", "forest", "desert"]
 _NAMES = ["Alder", "Brisa", "Corvin", "Dalia", "Elbrus", "Fenna", "Galen", "Hesper", "Ilona", "Jorun", "Kasimir", "Liesel", "Marek", "Nerys", "Odile", "Piran"]
@@ -34,7 +36,8 @@ def search_episode(rng: random.Random) -> tuple[str, str, str, str]:
         + [f'Doc {i}(Title: "{rng.choice(_NAMES)} {rng.choice(_WORDS)}") A {rng.choice(_WORDS)} in {rng.choice(_NAMES)}.'
            for i in (2, 3)]
     )
-    first = f"<think> I need to find who {relation} the {subject}. </think>\n{SEARCH_OPEN} {question} {SEARCH_CLOSE}"
+    # The first turn stays under the demo's max_turn_tokens (64 tokens of the tiny tokenizer).
+    first = f"<think> Search it. </think>\n{SEARCH_OPEN} {question} {SEARCH_CLOSE}"
     last = f"<think> Doc 1 says {answer}. </think>\n<answer> {answer} </answer>"
     return make_prompt(question), first, information_block(passages), last
 
@@ -47,8 +50,8 @@ def build_search_tokenizer():
     return tokenizer
 
 
-def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int = 120, seed: int = 0,
-                            overwrite: bool = False, batch_size: int = 8, lr: float = 3e-3) -> Path:
+def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int = 200, seed: int = 0,
+                            overwrite: bool = False, batch_size: int = 8, lr: float = 5e-3) -> Path:
     """Build (or reuse) the tiny search model in ``directory``; see the module docstring."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -65,17 +68,27 @@ def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     model.train()
     from tqdm.auto import tqdm
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # this tiny model is ~2x faster on one thread than on two busy cores
+    try:
+        _warm_start(model, tokenizer, optimizer, rng, warm_start_steps, batch_size, tqdm)
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    from sharpgrpo.tiny import save_built_model
+
+    return save_built_model(model, tokenizer, directory)
+
+
+def _warm_start(model, tokenizer, optimizer, rng, warm_start_steps, batch_size, tqdm) -> None:
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     for _ in tqdm(range(warm_start_steps), desc="warm start (tiny search model)", disable=warm_start_steps < 50):
         rows, labels = [], []
         for _ in range(batch_size):
             prompt, first, info, last = search_episode(rng)
-            # Only the prompt's last line: the instruction before it is the same in every prompt, and RoPE models
-            # attend by relative position, so dropping it makes each step ~4x cheaper for the same format.
-            prompt = prompt[prompt.rindex("Question:") :]
             parts = [(encode(prompt), False), (encode(first), True), (encode(info), False),
                      (encode(last) + [tokenizer.eos_token_id], True)]
             ids = [t for p, _ in parts for t in p]
@@ -89,10 +102,6 @@ def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int 
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    model.eval()
-    from sharpgrpo.tiny import save_built_model
-
-    return save_built_model(model, tokenizer, directory)
 
 
 def resolve_search_model_name(name_or_path: str) -> str:

@@ -50,3 +50,23 @@ def test_parity_with_trl_without_prefill(text):
 @given(prompt=st.one_of(TEXT, st.none(), st.integers()), completion=st.one_of(TEXT, st.none(), st.integers()))
 def test_never_raises(prompt, completion):
     assert think_format_reward(prompts=[prompt], completions=[completion])[0] in {0.0, 1.0}
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<think> a </think>\n<answer> Paris </answer>", 1.0),
+        ("<think> a </think>\n<search> q </search>\n\n<information>Doc 1(Title: \"P\") x</information>\n\n"
+         "<think> b </think>\n<answer> Paris </answer>\n", 1.0),
+        ("<think> a </think><search> q </search><information>x</information><answer> P </answer>", 0.5),  # no think
+        ("<answer> Paris </answer>", 0.5),
+        ("<think> a </think><answer> P </answer> more", 0.0),
+        ("<think> a </think><search> q </search>", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_search_format(completion, expected):
+    from reward_fns import get_reward_function
+
+    assert get_reward_function("search_format")(prompts=["p"], completions=[completion]) == [expected]
+    assert get_reward_function("search_format")(["p"], [[{"role": "assistant", "content": completion}]]) == [expected]
