@@ -7,8 +7,11 @@ Every (strategy, seed) is its own ``train.py`` run of the same config; only ``st
 entry's parameters and the ``--set`` overrides differ. Runs go to ``OUTPUT/runs/<strategy>/seed<k>/`` (log:
 ``train.log``), at most ``--jobs`` at a time, each with ``cores / jobs`` threads. A run that finished (its
 ``compare_run.json`` marker, written after a successful exit, and ``trainer_state.json`` exist with the same
-command) is kept and skipped, so an interrupted comparison resumes where it stopped; a crashed run is reported with
-its log and the others go on. Then ``sharpgrpo.compare_stats`` aggregates: per strategy the mean and Student-t
+command and config file contents) is kept and skipped, so an interrupted comparison resumes where it stopped; a run
+whose config file or overrides changed since it ran is run again; a crashed run is reported with its log and the
+others go on. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the queued runs, forwards one SIGINT to the running ``train.py``
+processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of the
+finished runs and exits with 130; the same command then resumes (interrupted runs start again). Then ``sharpgrpo.compare_stats`` aggregates: per strategy the mean and Student-t
 interval over seeds, and the paired difference against the first strategy (the baseline), into ``report.md``,
 ``summary.json``, ``reward.png`` and ``grad_norm.png`` (mean over seeds with its band).
 
@@ -19,12 +22,15 @@ A strategy entry is ``NAME[+NAME...][:field=value[,field=value...]]``: ``grpo_sg
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -103,7 +109,10 @@ class Run:
     directory: Path
     train_args: list[str]
     eval_args: list[str] | None = None
-    status: str = "pending"  # pending | done | skipped (finished earlier) | failed | missing (--report_only)
+    config_hash: str | None = None  # sha256 of the config file's contents and the overrides (see config_hash())
+    # pending | done | skipped (finished earlier) | failed | missing (--report_only) | interrupted (stopped by
+    # Ctrl-C / SIGTERM while running) | cancelled (queued when the comparison was stopped, never started)
+    status: str = "pending"
     error: str | None = None
     seconds: float | None = None
     log: Path = field(init=False)
@@ -118,16 +127,32 @@ class Run:
         return self.directory / "eval.json"
 
     def finished(self) -> bool:
+        return self.stale_reason() is None
+
+    def stale_reason(self) -> str | None:
+        """``None`` when the run finished with this exact command and config; otherwise why it has to run (again)."""
         marker = self.directory / MARKER
         if not marker.is_file() or not (self.directory / TRAINER_STATE).is_file():
-            return False
+            return "not finished"
         try:
             recorded = json.loads(marker.read_text())
         except json.JSONDecodeError:
-            return False
+            return "unreadable " + MARKER
         if recorded.get("train_args") != self.train_args or recorded.get("eval_args") != self.eval_args:
-            return False
-        return self.eval_output is None or self.eval_output.is_file()
+            return "arguments changed since it ran"
+        if recorded.get("config_hash") != self.config_hash:
+            return "config file or overrides changed since it ran"
+        if self.eval_output is not None and not self.eval_output.is_file():
+            return "evaluation missing"
+        return None
+
+
+def config_hash(config: str | os.PathLike, overrides: list[tuple[str, str]], params=()) -> str:
+    """sha256 of the config file's bytes and the overrides (``--set`` then the strategy entry's parameters), so that
+    editing the config file invalidates the finished runs even though their arguments are unchanged."""
+    digest = hashlib.sha256(Path(config).read_bytes())
+    digest.update(b"\0" + json.dumps([list(p) for p in [*overrides, *params]]).encode())
+    return digest.hexdigest()
 
 
 def plan_runs(
@@ -152,7 +177,7 @@ def plan_runs(
                     eval_args += ["--limit", str(eval_limit)]
                 for key, value in eval_set or []:
                     eval_args += [f"--{key}", value]
-            runs.append(Run(spec, seed, directory, args, eval_args))
+            runs.append(Run(spec, seed, directory, args, eval_args, config_hash(config, overrides, spec.params)))
     return runs
 
 
@@ -166,8 +191,77 @@ def _environment(threads: int) -> dict[str, str]:
     return env
 
 
-def execute(run: Run, python: str, threads: int, timeout: float | None = None) -> Run:
-    """Train (then evaluate) one run in a subprocess, logging to ``run.log``; record the outcome in ``run``."""
+class Interrupted(Exception):
+    """The comparison was stopped (Ctrl-C / SIGTERM) after its running children were stopped."""
+
+
+class ChildProcesses:
+    """The running ``train.py`` / eval processes, and the stop switch that keeps new ones from starting.
+
+    Children get their own session (``start_new_session``) so that a Ctrl-C in the terminal reaches only the
+    comparison, which then forwards exactly one SIGINT to each (a second one would abort them before their
+    checkpoint)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running: set[subprocess.Popen] = set()
+        self.stopping = threading.Event()
+
+    def start(self, command: list[str], **kwargs) -> subprocess.Popen | None:
+        with self.lock:
+            if self.stopping.is_set():
+                return None
+            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            self.running.add(process)
+            return process
+
+    def finished(self, process: subprocess.Popen) -> None:
+        with self.lock:
+            self.running.discard(process)
+
+    def stop(self, grace: float) -> int:
+        """Start no new process, SIGINT the running ones, wait up to ``grace`` seconds, then kill the rest; return
+        how many were running. A second Ctrl-C during the wait kills at once."""
+        with self.lock:
+            self.stopping.set()
+            processes = list(self.running)
+        for process in processes:
+            _signal(process, signal.SIGINT)
+        deadline = time.monotonic() + grace
+        try:
+            for process in processes:
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        except KeyboardInterrupt:
+            pass
+        for process in processes:
+            if process.poll() is None:
+                _signal(process, signal.SIGKILL)
+                process.wait()
+        return len(processes)
+
+
+def _signal(process: subprocess.Popen, signum: int) -> None:
+    """Signal the child's whole process group (its own session; a DataLoader worker or the eval's children too)."""
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        try:
+            process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+
+def execute(
+    run: Run, python: str, threads: int, timeout: float | None = None, children: ChildProcesses | None = None
+) -> Run:
+    """Train (then evaluate) one run in a subprocess, logging to ``train.log``; record the outcome in ``run``."""
+    children = children or ChildProcesses()
+    if children.stopping.is_set():
+        run.status = "cancelled"
+        return run
     run.directory.mkdir(parents=True, exist_ok=True)
     (run.directory / MARKER).unlink(missing_ok=True)
     started = time.time()
@@ -176,53 +270,88 @@ def execute(run: Run, python: str, threads: int, timeout: float | None = None) -
     if run.eval_args is not None:
         commands.append([python, "-m", "sharpgrpo.eval", "--model", str(run.directory), *run.eval_args,
                          "--output", str(run.eval_output)])  # fmt: skip
-    try:
-        with open(run.log, "w", encoding="utf-8") as log:
-            for command in commands:
-                log.write("$ " + " ".join(command) + "\n")
-                log.flush()
-                code = subprocess.run(
-                    command, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT, timeout=timeout
-                ).returncode
-                if code != 0:
-                    run.status, run.error = "failed", f"exit code {code} of {Path(command[1]).name} {command[2]}"
-                    break
-    except subprocess.TimeoutExpired:
-        run.status, run.error = "failed", f"timed out after {timeout} s"
+    with open(run.log, "w", encoding="utf-8") as log:
+        for command in commands:
+            log.write("$ " + " ".join(command) + "\n")
+            log.flush()
+            process = children.start(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+            if process is None:
+                run.status, run.error = "interrupted", "the comparison was stopped"
+                break
+            try:
+                code = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal(process, signal.SIGKILL)
+                process.wait()
+                run.status, run.error = "failed", f"timed out after {timeout} s"
+                break
+            finally:
+                children.finished(process)
+            if code != 0 and children.stopping.is_set():
+                run.status, run.error = "interrupted", f"stopped by the comparison (exit code {code})"
+                break
+            if code != 0:
+                run.status, run.error = "failed", f"exit code {code} of {Path(command[1]).name} {command[2]}"
+                break
     run.seconds = time.time() - started
-    if run.status != "failed":
+    if run.status == "pending":
         if not (run.directory / TRAINER_STATE).is_file():
             run.status, run.error = "failed", f"exited normally but wrote no {TRAINER_STATE}"
         else:
             run.status = "done"
-            marker = {"train_args": run.train_args, "eval_args": run.eval_args, "seconds": run.seconds}
+            marker = {"train_args": run.train_args, "eval_args": run.eval_args, "config_hash": run.config_hash,
+                      "seconds": run.seconds}  # fmt: skip
             (run.directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return run
 
 
-def run_all(runs: list[Run], jobs: int, python: str, threads: int, timeout: float | None = None) -> list[Run]:
-    """Execute the runs that are not finished, ``jobs`` at a time, with a progress bar; return all runs."""
+def run_all(
+    runs: list[Run], jobs: int, python: str, threads: int, timeout: float | None = None, stop_grace: float = 120.0
+) -> list[Run]:
+    """Execute the runs that are not finished, ``jobs`` at a time, with a progress bar; return all runs.
+
+    On Ctrl-C (KeyboardInterrupt, also raised for SIGTERM by :func:`main`) the queued runs are cancelled, the running
+    ones stopped (:meth:`ChildProcesses.stop`), and :class:`Interrupted` is raised once the statuses are set."""
     from tqdm.auto import tqdm
 
     todo = []
     for run in runs:
-        if run.finished():
+        reason = run.stale_reason()
+        if reason is None:
             run.status = "skipped"
         else:
+            if reason not in ("not finished",) and (run.directory / MARKER).is_file():
+                print(f"{run.spec.label} seed {run.seed}: {reason}; running it again.", file=sys.stderr)
             todo.append(run)
+    children = ChildProcesses()
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), unit="run", desc="compare")
-    with bar, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(execute, run, python, threads, timeout): run for run in todo}
-        for future in as_completed(futures):
-            run = futures[future]
-            try:
-                future.result()
-            except Exception as error:  # noqa: BLE001 - one broken run must not stop the others
-                run.status, run.error = "failed", repr(error)
-            if run.status == "failed":
-                bar.write(f"FAILED {run.spec.label} seed {run.seed}: {run.error}; log: {_shown(run.log)}")
-            bar.set_postfix(failed=sum(r.status == "failed" for r in runs))
-            bar.update(1)
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures = {}
+    try:
+        with bar:
+            futures = {pool.submit(execute, run, python, threads, timeout, children): run for run in todo}
+            for future in as_completed(futures):
+                run = futures[future]
+                try:
+                    future.result()
+                except Exception as error:  # noqa: BLE001 - one broken run must not stop the others
+                    run.status, run.error = "failed", repr(error)
+                if run.status == "failed":
+                    bar.write(f"FAILED {run.spec.label} seed {run.seed}: {run.error}; log: {_shown(run.log)}")
+                bar.set_postfix(failed=sum(r.status == "failed" for r in runs))
+                bar.update(1)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        children.stop(stop_grace)
+        pool.shutdown(wait=True)  # the workers return once their child is gone
+        for future, run in futures.items():
+            if not future.cancelled() and future.exception() is not None:
+                run.status, run.error = "failed", repr(future.exception())
+        for run in todo:
+            if run.status == "pending":  # queued, never started
+                run.status, run.error = "cancelled", None
+        raise Interrupted() from None
+    pool.shutdown(wait=True)
     return runs
 
 
@@ -287,11 +416,23 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
     ]
     failed = [r for r in runs if r.status == "failed"]
     missing = [r for r in runs if r.status == "missing"]
+    stopped = [r for r in runs if r.status in ("interrupted", "cancelled")]
     lines += [f"Runs: {len(runs)} planned, {sum(r.status == 'done' for r in runs)} run now, "
               f"{sum(r.status == 'skipped' for r in runs)} reused, {len(failed)} failed"
-              + (f", {len(missing)} not run (--report_only)." if missing else "."), ""]  # fmt: skip
+              + (f", {len(missing)} not run (--report_only)" if missing else "")
+              + (f", {len(stopped)} stopped (interrupted)" if stopped else "") + ".", ""]  # fmt: skip
     if missing:
-        lines += ["Not run: " + ", ".join(f"{r.spec.label} seed {r.seed}" for r in missing), ""]
+        lines += ["Not run: " + ", ".join(f"{r.spec.label} seed {r.seed}" + (f" ({r.error})" if r.error else "")
+                                          for r in missing), ""]  # fmt: skip
+    if stopped:
+        lines += [
+            "**Partial report: the comparison was interrupted.** Stopped while running: "
+            + (", ".join(f"{r.spec.label} seed {r.seed}" for r in stopped if r.status == "interrupted") or "none")
+            + "; never started: "
+            + (", ".join(f"{r.spec.label} seed {r.seed}" for r in stopped if r.status == "cancelled") or "none")
+            + ". Re-running the same command resumes (finished runs are reused).",
+            "",
+        ]
     if failed:
         lines += ["Failed runs (left out of the statistics):", ""]
         lines += [f"- {r.spec.label} seed {r.seed}: {r.error} (log: `{_shown(r.log)}`)" for r in failed]
@@ -421,6 +562,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--smooth", type=float, default=0.0, help="Plots only: EMA weight in (0, 1) applied to each run's curve."
     )
+    parser.add_argument(
+        "--stop_grace", type=float, default=120.0,
+        help="On Ctrl-C / SIGTERM: seconds the running train.py get to save a checkpoint and stop before a kill.",
+    )  # fmt: skip
     parser.add_argument("--python", default=sys.executable, help="Python interpreter of the runs.")
     parser.add_argument(
         "--report_only", action="store_true",
@@ -453,12 +598,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
                      eval_set)  # fmt: skip
     command = "python -m sharpgrpo.compare " + " ".join(argv if argv is not None else sys.argv[1:])
+    if os.sep in args.python:  # the runs start in the repository root: a relative interpreter path is from here
+        args.python = str(Path(args.python).absolute())
+    interrupted = False
     if args.report_only:
         for run in runs:
-            run.status = "skipped" if run.finished() else "missing"
+            reason = run.stale_reason()
+            run.status = "skipped" if reason is None else "missing"
+            if reason is not None and reason != "not finished":
+                run.error = reason
     else:
-        run_all(runs, args.jobs, args.python, threads, args.timeout)
+        previous = _stop_signals_as_keyboard_interrupt()
+        try:
+            run_all(runs, args.jobs, args.python, threads, args.timeout, args.stop_grace)
+        except Interrupted:
+            interrupted = True
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     summary = write_report(runs, output, command, args.spike_factor, args.confidence, args.smooth)
+    if interrupted:
+        stopped = sum(r.status == "interrupted" for r in runs)
+        cancelled = sum(r.status == "cancelled" for r in runs)
+        finished = sum(r.status in ("done", "skipped") for r in runs)
+        print(
+            f"Interrupted: stopped {stopped} running run(s), cancelled {cancelled} queued run(s); partial report of "
+            f"{finished} finished run(s) in {output / 'report.md'}. Re-run the same command to resume.",
+            file=sys.stderr,
+        )
+        raise SystemExit(130)
     failed = [r for r in runs if r.status == "failed"]
     print(f"Wrote {output / 'report.md'}, {output / 'summary.json'}" + "".join(f", {p}" for p in summary["plots"]))
     if failed:
@@ -466,6 +634,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for run in failed:
             print(f"  {run.spec.label} seed {run.seed}: {run.error}; log: {_shown(run.log)}", file=sys.stderr)
     return summary
+
+
+def _stop_signals_as_keyboard_interrupt() -> dict[int, Any]:
+    """Make SIGTERM and SIGHUP stop the comparison like Ctrl-C; return the previous handlers (none off the main
+    thread, where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def _validate_strategy_names(specs: list[StrategySpec], parser: argparse.ArgumentParser) -> None:

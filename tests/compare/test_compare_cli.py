@@ -1,11 +1,17 @@
-"""``python -m sharpgrpo.compare`` end to end: real train.py runs of the tiny model, a crashed run, resume."""
+"""``python -m sharpgrpo.compare`` end to end: real train.py runs of the tiny model, Ctrl-C, resume, a crashed run
+next to runs that complete, and a config file edited between runs."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from sharpgrpo.compare import main, parse_strategy
+from sharpgrpo.compare import MARKER, REPO_ROOT, config_hash, main, parse_strategy
 from sharpgrpo.tasks.strict_letters import strict_letters_correct, strict_letters_reward
 
 
@@ -36,52 +42,97 @@ def test_strict_letters_reward_is_binary_correctness():
     assert strict_letters_reward(None, completions, allowed) == [1.0, 0.0, 1.0, 0.0, 0.0]
 
 
-def test_compare_end_to_end_resume_then_a_crash(tmp_path, tiny_model_path):
+def _wait_for(path: Path, process: subprocess.Popen, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"compare exited ({process.returncode}) before {path} appeared:\n"
+                                 f"{process.communicate()[1]}")  # fmt: skip
+        assert time.monotonic() < deadline, f"{path} did not appear within {limit} s"
+        time.sleep(0.1)
+
+
+def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path):
     output = tmp_path / "report"
     common = [
-        "--config", "configs/demo.yaml", "--output", str(output), "--jobs", "2",
+        "--config", "configs/demo.yaml", "--output", str(output),
         "--set", f"model_name_or_path={tiny_model_path}", "max_steps=2", "per_device_train_batch_size=8",
         "num_generations=4", "dataset_kwargs={\"num_prompts\": 16}",
     ]  # fmt: skip
-    summary = main([*common, "--seeds", "0", "1", "--strategies", "equal", "grpo_sg"])
-    assert {(r["strategy"], r["seed"], r["status"]) for r in summary["runs"]} == {
-        ("equal", 0, "done"),
-        ("equal", 1, "done"),
-        ("grpo_sg", 0, "done"),
-        ("grpo_sg", 1, "done"),
-    }
-    on_disk = json.loads((output / "summary.json").read_text())
-    equal = on_disk["strategies"]["equal"]["metrics"]
-    assert equal["final_reward"]["n"] == 2 and equal["final_reward"]["low"] <= equal["final_reward"]["mean"]
-    assert on_disk["differences"]["grpo_sg"]["final_reward"]["seeds"] == [0, 1]
-    runs = {(r["strategy"], r["seed"]): r for r in on_disk["runs"]}
-    assert runs[("grpo_sg", 1)]["metrics"]["steps"] == 2
-    assert "| grpo_sg | 2 |" in (output / "report.md").read_text()
-    assert (output / "reward.png").stat().st_size > 0 and (output / "grad_norm.png").stat().st_size > 0
-    states = {k: Path(r["directory"]) / "trainer_state.json" for k, r in runs.items()}
-    mtimes = {k: p.stat().st_mtime_ns for k, p in states.items()}
+    bad = "equal:learning_rate=not_a_number"  # train.py rejects it: the run crashes
+    full = [*common, "--seeds", "0", "1", "--strategies", "equal", "grpo_sg", bad]
+    runs_dir = output / "runs"
 
-    # Resume (seed 0) with a parameter variant that train.py rejects: the finished runs are kept (not trained
-    # again), the variant's run crashes and is reported with its log, and the report is still written.
-    again = main([*common, "--seeds", "0", "--strategies", "equal", "grpo_sg", "equal:learning_rate=not_a_number"])
-    statuses = {(r["strategy"], r["seed"]): r["status"] for r in again["runs"]}
-    assert statuses == {
-        ("equal", 0): "skipped",
-        ("grpo_sg", 0): "skipped",
-        ("equal (learning_rate=not_a_number)", 0): "failed",
+    # 1. Ctrl-C, one run at a time (order: equal 0, equal 1, grpo_sg 0, grpo_sg 1, bad 0, bad 1). SIGINT to the
+    # process group once equal 0 finished and equal 1 started: the running train.py is stopped, the queued runs never
+    # start, the partial report is written, and the command exits with 130 in bounded time.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sharpgrpo.compare", *full, "--jobs", "1", "--stop_grace", "60"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for(runs_dir / "equal" / "seed0" / MARKER, process, 120)
+        _wait_for(runs_dir / "equal" / "seed1" / "train.log", process, 30)
+        os.killpg(process.pid, signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=90)
+        stopped_after = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stderr
+    assert stopped_after < 75, stopped_after
+    assert "Interrupted: stopped 1 running run(s), cancelled 4 queued run(s)" in stderr
+    assert "Re-run the same command to resume" in stderr and "Traceback" not in stderr
+    assert not (runs_dir / "grpo_sg").exists() and not (runs_dir / "equal__learning_rate=not_a_number").exists()
+    assert not (runs_dir / "equal" / "seed1" / MARKER).exists()
+    interrupted = json.loads((output / "summary.json").read_text())
+    assert {(r["strategy"], r["seed"]): r["status"] for r in interrupted["runs"]} == {
+        ("equal", 0): "done",
+        ("equal", 1): "interrupted",
+        ("grpo_sg", 0): "cancelled",
+        ("grpo_sg", 1): "cancelled",
+        ("equal (learning_rate=not_a_number)", 0): "cancelled",
+        ("equal (learning_rate=not_a_number)", 1): "cancelled",
     }
-    assert {k: p.stat().st_mtime_ns for k, p in states.items()} == mtimes
-    assert (
-        again["strategies"]["grpo_sg"]["metrics"]["final_reward"]["mean"]
-        == runs[("grpo_sg", 0)]["metrics"]["final_reward"]
-    )
+    equal0 = interrupted["runs"][0]["metrics"]
+    assert equal0["steps"] == 2
+    assert "Partial report: the comparison was interrupted." in (output / "report.md").read_text()
+    state = runs_dir / "equal" / "seed0" / "trainer_state.json"
+    mtime = state.stat().st_mtime_ns
+
+    # 2. The same command again, two at a time: the finished run is reused (not trained again); the interrupted and
+    # the queued runs run next to the crashing variant and complete; the crashes are reported with their logs.
+    again = main([*full, "--jobs", "2"])
+    assert {(r["strategy"], r["seed"]): r["status"] for r in again["runs"]} == {
+        ("equal", 0): "skipped",
+        ("equal", 1): "done",
+        ("grpo_sg", 0): "done",
+        ("grpo_sg", 1): "done",
+        ("equal (learning_rate=not_a_number)", 0): "failed",
+        ("equal (learning_rate=not_a_number)", 1): "failed",
+    }
+    assert state.stat().st_mtime_ns == mtime
+    on_disk = json.loads((output / "summary.json").read_text())
+    for label in ("equal", "grpo_sg"):
+        reward = on_disk["strategies"][label]["metrics"]["final_reward"]
+        assert reward["n"] == 2 and reward["low"] <= reward["mean"] <= reward["high"]
+    assert on_disk["differences"]["grpo_sg"]["final_reward"]["seeds"] == [0, 1]
+    assert on_disk["strategies"]["equal (learning_rate=not_a_number)"]["seeds"] == []
+    runs = {(r["strategy"], r["seed"]): r for r in on_disk["runs"]}
+    assert runs[("grpo_sg", 1)]["metrics"]["steps"] == 2 and runs[("equal", 1)]["metrics"]["steps"] == 2
+    assert runs[("equal", 0)]["metrics"] == equal0
     report = (output / "report.md").read_text()
-    for run in again["runs"]:
+    assert "| grpo_sg | 2 |" in report and "2 failed" in report and "Partial report" not in report
+    assert (output / "reward.png").stat().st_size > 0 and (output / "grad_norm.png").stat().st_size > 0
+    for run in on_disk["runs"]:
         if run["status"] == "failed":
+            assert f"seed {run['seed']}: exit code 2 of train.py" in report
             assert run["log"] in report and "learning_rate" in Path(run["log"]).read_text()
             assert run["metrics"] is None
 
-    # --report_only runs nothing: finished runs are aggregated, the others listed as not run.
+    # 3. --report_only runs nothing: finished runs are aggregated, the others listed as not run.
     partial = main([*common, "--seeds", "0", "1", "--strategies", "equal", "random", "--report_only"])
     assert {(r["strategy"], r["seed"]): r["status"] for r in partial["runs"]} == {
         ("equal", 0): "skipped",
@@ -89,8 +140,66 @@ def test_compare_end_to_end_resume_then_a_crash(tmp_path, tiny_model_path):
         ("random", 0): "missing",
         ("random", 1): "missing",
     }
-    assert not (output / "runs" / "random").exists()
+    assert not (runs_dir / "random").exists()
     assert "Not run: random seed 0, random seed 1" in (output / "report.md").read_text()
+
+
+FAKE_TRAIN = """#!/bin/sh
+# Stands in for `python train.py ARGS`: writes a two-step trainer_state.json into --output_dir, counts its calls.
+out=""
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--output_dir" ]; then out="$2"; fi
+  shift
+done
+echo x >> "$out/../../calls"
+printf '{"log_history": [{"step": 1, "reward": 0.5, "grad_norm": 1.0}, {"step": 2, "reward": 0.75, "grad_norm": 1.5}]}' > "$out/trainer_state.json"
+"""
+
+
+def test_resume_reruns_runs_whose_config_file_changed(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text((REPO_ROOT / "configs" / "demo.yaml").read_text())
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_TRAIN)
+    fake.chmod(0o755)
+    output = tmp_path / "out"
+    args = ["--config", str(config), "--output", str(output), "--seeds", "0", "--strategies", "equal",
+            "--python", str(fake), "--set", "max_steps=2"]  # fmt: skip
+    calls = output / "runs" / "calls"
+
+    def statuses(summary):
+        return [r["status"] for r in summary["runs"]]
+
+    assert statuses(main(args)) == ["done"]
+    marker = json.loads((output / "runs" / "equal" / "seed0" / MARKER).read_text())
+    assert len(marker["config_hash"]) == 64
+    assert statuses(main(args)) == ["skipped"] and len(calls.read_text().split()) == 1
+    capsys.readouterr()
+
+    # Same arguments, edited config file: the finished run is stale and runs again (said on stderr).
+    config.write_text(config.read_text().replace("learning_rate: 1.0e-3", "learning_rate: 2.0e-3"))
+    assert statuses(main([*args, "--report_only"])) == ["missing"]
+    assert "equal seed 0 (config file or overrides changed since it ran)" in (output / "report.md").read_text()
+    assert statuses(main(args)) == ["done"] and len(calls.read_text().split()) == 2
+    assert "equal seed 0: config file or overrides changed since it ran; running it again." in capsys.readouterr().err
+    assert statuses(main(args)) == ["skipped"]
+    # A marker from before the hash was stored (no config_hash) does not count as finished either.
+    marker_path = output / "runs" / "equal" / "seed0" / MARKER
+    marker = json.loads(marker_path.read_text())
+    del marker["config_hash"]
+    marker_path.write_text(json.dumps(marker))
+    assert statuses(main(args)) == ["done"] and len(calls.read_text().split()) == 3
+
+
+def test_config_hash_covers_file_contents_and_overrides(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("a: 1\n")
+    base = config_hash(config, [("max_steps", "2")])
+    assert base == config_hash(config, [("max_steps", "2")])
+    assert base != config_hash(config, [("max_steps", "3")])
+    assert base != config_hash(config, [("max_steps", "2")], (("thr_p", "0.1"),))
+    config.write_text("a: 2\n")
+    assert base != config_hash(config, [("max_steps", "2")])
 
 
 def test_strict_letters_evaluation_task(tmp_path, tiny_model_path):
