@@ -221,16 +221,26 @@ def _triton_kernel():
     return online_tile_kernel
 
 
+# Launch configuration of the Triton kernel on a GPU (block sizes, warps, pipeline stages); the interpreter tests
+# pass their own small blocks. benchmarks/thr_triton_tune.py times the candidates at the issue's shapes.
+TRITON_TILE_CONFIG = {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+
+
 def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: torch.Tensor | None,
                            bias_tile: torch.Tensor | None, tile_ids: torch.Tensor, temperature: float,
-                           splits: int | None = None, block_m: int = 64, block_n: int = 64,
-                           block_k: int = 64) -> torch.Tensor:
+                           splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
+                           block_k: int | None = None, num_warps: int | None = None,
+                           num_stages: int | None = None) -> torch.Tensor:
     """(6, N) statistics of one vocabulary tile, relative to the tile's own per-row max: max, other mass, own mass,
     sum over other ids of e * u, own u, sum e * z (e = exp(z - max), z = (h W^T + b) / T, u = h S^T). ``tile_ids``
     (N,) are the tokens' ids relative to the tile (out of range: not in this tile). The columns are split over
     ``splits`` programs per row block, merged here. ``s_tile=None``: u = 0 (the normaliser alone)."""
     import triton
 
+    config = TRITON_TILE_CONFIG
+    block_m, block_n, block_k = (block_m or config["block_m"], block_n or config["block_n"],
+                                 block_k or config["block_k"])
+    launch = {"num_warps": num_warps or config["num_warps"], "num_stages": num_stages or config["num_stages"]}
     num_rows, hidden = h.shape
     num_cols = weight_tile.shape[0]
     if splits is None:
@@ -246,7 +256,7 @@ def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: t
         h, weight_tile, s_tile, bias_tile if bias_tile is not None else h, tile_ids.contiguous(), out, num_rows,
         num_cols, hidden, 1.0 / temperature, split_cols, h.stride(0), weight_tile.stride(0), s_tile.stride(0),
         out.stride(0), out.stride(1), HAS_BIAS=bias_tile is not None, WITH_U=with_u, IEEE=h.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **launch)
     return merge_statistics(out)
 
 
