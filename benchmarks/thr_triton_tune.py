@@ -10,7 +10,7 @@ Issue 13, item 2. For each candidate (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) 
 
 Then it checks the whole fused score with the kernel against the float64 reference of the test suite (small shapes,
 fp32, on the GPU), sets the fastest configuration and runs ``thr_bench.py`` with the given arguments for the Triton
-and the torch kernels. Needs CUDA and triton.
+and the torch kernels. ``--skip-tune``: the module's configurations as they are. Needs CUDA and triton.
 
     python benchmarks/thr_triton_tune.py --json tune.json -- --device cuda --dtype bfloat16 --vocab 151936 \\
         --hidden 1536 --lengths 1024 2048 4096 --matmul-dtype bfloat16 --methods fused factored --repeats 3
@@ -45,6 +45,9 @@ CANDIDATES = [  # (block_m, block_n, block_k, num_warps, num_stages)
     (128, 128, 32, 8, 4),
     (256, 64, 64, 8, 3),
     (64, 256, 64, 8, 3),
+    (64, 256, 64, 4, 3),
+    (64, 256, 32, 8, 4),
+    (128, 256, 64, 8, 3),
 ]
 
 
@@ -106,6 +109,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--skip-tune", action="store_true", help="no candidate sweep: check and bench as configured")
+    parser.add_argument("--kernels", nargs="+", default=["triton", "torch"], help="thr_bench.py runs, one per kernel")
     args = parser.parse_args(argv)
     global DTYPE
     DTYPE = getattr(torch, args.dtype)
@@ -124,7 +129,7 @@ def main(argv=None):
     print("| BM | BN | BK | warps | stages | max rel err (tile stats) | with U | TFLOP/s | without U | TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for bm, bn, bk, warps, stages in CANDIDATES:
+    for bm, bn, bk, warps, stages in [] if args.skip_tune else CANDIDATES:
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "num_warps": warps, "num_stages": stages}
         try:
             error = tile_error(config, 2048, 1000, args.hidden, device)
@@ -142,10 +147,14 @@ def main(argv=None):
         print(f"| {bm} | {bn} | {bk} | {warps} | {stages} | {error:.1e} | {with_u * 1e3:.2f} ms | "
               f"{flops_u / with_u / 1e12:.0f} | {without_u * 1e3:.2f} ms | {flops / without_u / 1e12:.0f} |",
               flush=True)
-    accurate = [r for r in rows if r["rel_err"] < 1e-3]
+    accurate = [r for r in rows if r["rel_err"] < 1e-3] or [{**thr_kernels.TRITON_TILE_CONFIG, "with_u_s": 0}]
     best = min(accurate, key=lambda r: r["with_u_s"])
+    best_normaliser = (min(accurate, key=lambda r: r["without_u_s"]) if rows
+                       else dict(thr_kernels.TRITON_NORMALISER_CONFIG))
     thr_kernels.TRITON_TILE_CONFIG.update({k: best[k] for k in thr_kernels.TRITON_TILE_CONFIG})
-    print(f"fastest accurate configuration: {thr_kernels.TRITON_TILE_CONFIG}", flush=True)
+    thr_kernels.TRITON_NORMALISER_CONFIG.update({k: best_normaliser[k] for k in thr_kernels.TRITON_NORMALISER_CONFIG})
+    print(f"fastest accurate configurations: with U {thr_kernels.TRITON_TILE_CONFIG}, "
+          f"without U {thr_kernels.TRITON_NORMALISER_CONFIG}", flush=True)
 
     # The whole fused score with the kernel, against the suite's float64 reference (fp32, small shapes, on the GPU).
     from test_thr import make_group, reference_scores
@@ -169,11 +178,11 @@ def main(argv=None):
           f"max rel error {worst:.1e}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps({"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(), "tile_columns": cols, "rows": rows,
-                                         "best": best, "reference_rel_err": worst}, indent=2))
+                                         "best": best, "best_normaliser": best_normaliser, "reference_rel_err": worst}, indent=2))
     if bench_argv:
         import thr_bench
 
-        for kernel in ("triton", "torch"):
+        for kernel in args.kernels:
             print(f"\nthr_bench.py {' '.join(bench_argv)} --fused-kernel {kernel}", flush=True)
             thr_bench.main([*bench_argv, "--fused-kernel", kernel])
 

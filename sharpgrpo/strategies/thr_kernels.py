@@ -28,9 +28,9 @@ most ``chunk_size * V`` elements (as ``factored``).
 Two implementations of the same loop: pure torch (the CPU tests and the default without triton), and, with triton
 installed, on CUDA, a Triton kernel (``_thr_triton.py``) for pass 1 and for the token side of pass 2: per block of
 tokens and vocabulary columns it computes ``Z`` and ``U`` in on-chip memory and keeps only the online statistics, so
-neither (N, Vc) tile is written. It is tested in Triton's CPU interpreter (tests/strategies/test_thr_triton.py);
-``SHARPGRPO_THR_KERNEL`` (or ``kernel=``) chooses (default ``torch`` until the Triton kernel is checked on a GPU),
-and a kernel that fails to build falls back to torch.
+neither (N, Vc) tile is written. It is tested in Triton's CPU interpreter (tests/strategies/test_thr_triton.py) and
+was checked on an H100 (benchmarks/thr_triton_tune.py); ``SHARPGRPO_THR_KERNEL`` (or ``kernel=``) chooses (default
+``auto``: Triton on CUDA where installed), and a kernel that fails to build falls back to torch with a warning.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def use_fused(method: str, vocab: str, num_tokens: int, num_pos: int, hidden_siz
     return not (fits and flops_pairwise < flops_fused)
 
 
-# "torch" by default: the Triton kernel has run only in Triton's CPU interpreter so far, never on a GPU, so it is
-# opt-in ("auto" or "triton") until benchmarks/RESULTS.md records a GPU check of it.
-DEFAULT_KERNEL = os.environ.get("SHARPGRPO_THR_KERNEL", "torch")  # "torch" | "auto" | "triton"
+# "auto" by default: Triton on CUDA where it is installed (checked on an H100: agreement with the torch path and the
+# float64 reference, faster and a third of the memory; benchmarks/RESULTS.md), torch elsewhere.
+DEFAULT_KERNEL = os.environ.get("SHARPGRPO_THR_KERNEL", "auto")  # "torch" | "auto" | "triton"
 
 
 def fused_factored_sums(*args, kernel: str | None = None):
@@ -69,7 +69,7 @@ def fused_factored_sums(*args, kernel: str | None = None):
 
     ``kernel``: ``"torch"``; ``"triton"`` (the token side of pass 2 in one Triton kernel per vocabulary tile, so the
     (N, Vc) logits and ``U`` tiles never reach memory); ``"auto"``: Triton on CUDA when it is installed, falling back
-    to torch (with a warning) if the kernel fails to build. Default: ``$SHARPGRPO_THR_KERNEL`` or ``"torch"``."""
+    to torch (with a warning) if the kernel fails to build. Default: ``$SHARPGRPO_THR_KERNEL`` or ``"auto"``."""
     kernel = kernel or DEFAULT_KERNEL
     if kernel not in ("auto", "torch", "triton"):
         raise ValueError(f"kernel must be 'auto', 'torch' or 'triton', got {kernel!r}")
@@ -146,7 +146,9 @@ def _fused_factored_sums(
         columns = ids[hit] - start
 
         # this tile of S: D_P,v = e_y - q over the P rows, from the pass-1 normalisers
-        d_pos = (z[:num_pos] - lse_pos[:, None]).exp_().neg_()
+        # (in place where z holds the P rows alone: the Triton path computes the token side from h in its kernel)
+        d_pos = z.sub_(lse_pos[:, None]) if use_triton else z[:num_pos] - lse_pos[:, None]
+        d_pos.exp_().neg_()
         pos_hit = hit[hit < num_pos]
         d_pos[pos_hit, ids[pos_hit] - start] = one_minus_q_pos[pos_hit]
         s_all = torch.empty(len(seq_lengths), stop - start, h.shape[1], device=device)  # (|P|, Vc, H)
@@ -221,9 +223,11 @@ def _triton_kernel():
     return online_tile_kernel
 
 
-# Launch configuration of the Triton kernel on a GPU (block sizes, warps, pipeline stages); the interpreter tests
-# pass their own small blocks. benchmarks/thr_triton_tune.py times the candidates at the issue's shapes.
-TRITON_TILE_CONFIG = {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+# Launch configurations of the Triton kernel on a GPU (block sizes, warps, pipeline stages), with U (the token side of
+# pass 2) and without (the normaliser pass): the fastest of benchmarks/thr_triton_tune.py's candidates on an H100
+# at the issue's shapes (benchmarks/RESULTS.md). The interpreter tests pass their own small blocks.
+TRITON_TILE_CONFIG = {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}
+TRITON_NORMALISER_CONFIG = {"block_m": 64, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3}
 
 
 def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: torch.Tensor | None,
@@ -237,7 +241,7 @@ def triton_tile_statistics(h: torch.Tensor, weight_tile: torch.Tensor, s_tile: t
     ``splits`` programs per row block, merged here. ``s_tile=None``: u = 0 (the normaliser alone)."""
     import triton
 
-    config = TRITON_TILE_CONFIG
+    config = TRITON_TILE_CONFIG if s_tile is not None else TRITON_NORMALISER_CONFIG
     block_m, block_n, block_k = (block_m or config["block_m"], block_n or config["block_n"],
                                  block_k or config["block_k"])
     launch = {"num_warps": num_warps or config["num_warps"], "num_stages": num_stages or config["num_stages"]}
