@@ -332,6 +332,9 @@ def main(argv=None):
                     times["loss"][name].append(elapsed)
                     peaks["loss"][name] = max(peaks["loss"][name], peak or 0)
         print(f"loss done ({time.perf_counter() - started:.0f} s)", flush=True)
+        for phase in ("gen", "loss"):  # printed now too, in case the step rounds do not finish in the time at hand
+            print_table(phase, summarise(times[phase], primary, args), clock_name)
+        sys.stdout.flush()
         trainer.model.zero_grad(set_to_none=True)
         optimizer = trainer.create_optimizer()
         for round_index in range(args.steps + (1 if args.steps else 0)):
