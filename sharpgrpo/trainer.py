@@ -474,13 +474,13 @@ class SharpGRPOTrainer(GRPOTrainer):
                 log_importance_weights = sequence_log_ratio.detach() + per_token_logps - per_token_logps.detach()
         coef_1 = torch.exp(log_importance_weights)
 
-        weights = None
+        weights = bad_weights = None
         if self.weight_strategy is not None:
             weights = getattr(self, "_pinned_weights", None)
             if weights is None:
                 weights = self.weight_strategy.weights(per_token_logps.detach(), mask)
-                step = self.state.global_step
-                self._strategy_output_checker.weights(self.weight_strategy, weights, per_token_logps, mask, step)
+                checker = self._strategy_output_checker  # values read with the weight metrics, one sync in all
+                bad_weights = checker.weights(self.weight_strategy, weights, per_token_logps, mask)
                 weights = weights.detach()
                 if getattr(self, "_pin_next_weights", False):
                     self._pinned_weights, self._pin_next_weights = weights, False
@@ -566,7 +566,9 @@ class SharpGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["ar/factor_mean"].append(self._global_masked_mean(ar_factor, mask))
         if weights is not None:
             clipped_ratio = surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None
-            self._log_weight_metrics(mode, mask, weights, clipped_ratio, advantages)
+            bad = self._log_weight_metrics(mode, mask, weights, clipped_ratio, advantages, bad_weights)
+            if bad:
+                self._strategy_output_checker.raise_for_weights(self.weight_strategy, weights, per_token_logps, mask)
         return loss
 
     def _entropy_bonus(self, entropies, effective_mask, policy_loss, mode) -> torch.Tensor:
@@ -639,9 +641,10 @@ class SharpGRPOTrainer(GRPOTrainer):
         metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_sequence(is_low))).item())
         metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(per_sequence(is_high))).item())
 
-    def _log_weight_metrics(self, mode, mask, weights, surrogate_ratio, advantages) -> None:
+    def _log_weight_metrics(self, mode, mask, weights, surrogate_ratio, advantages, bad_weights=None) -> int:
         """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off
-        (``surrogate_ratio`` is None for surrogates without PPO's clip, which switch no token off: logged as 0)."""
+        (``surrogate_ratio`` is None for surrogates without PPO's clip, which switch no token off: logged as 0).
+        Returns ``bad_weights`` (the checker's device count of invalid weights), read in the same synchronisation."""
         metrics = self._metrics[mode]
         valid = mask.bool()
         w = weights.float()
@@ -669,17 +672,19 @@ class SharpGRPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(local, reduction="sum")
         n = totals[2].clamp(min=1.0)
         mean = totals[0] / n
-        inf = torch.tensor(float("inf"), device=w.device)
         # With no valid token the extremes are +inf and -inf, which the min over processes ignores.
-        local_extremes = torch.stack([torch.where(valid, w, inf).min(), -torch.where(valid, w, -inf).max()])
+        local_extremes = torch.stack([w.masked_fill(~valid, float("inf")).min(),
+                                      -w.masked_fill(~valid, float("-inf")).max()])
         extremes = self.accelerator.gather(local_extremes.unsqueeze(0)).min(dim=0).values
+        zero = mean.new_zeros(())
         values = torch.stack([  # read with one host synchronisation
             mean, (totals[1] / n - mean * mean).clamp(min=0.0).sqrt(), extremes[0], -extremes[1],
-            totals[3] / n, totals[4] / n, totals[5] / n,
+            totals[3] / n, totals[4] / n, totals[5] / n, zero if bad_weights is None else bad_weights.float(),
         ]).tolist()
         names = ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper", "frac_grad_clipped")
-        for name, value in zip(names, values, strict=True):
+        for name, value in zip(names, values[:-1], strict=True):
             metrics[f"token_weight/{name}"].append(value)
+        return int(values[-1])
 
     # ------------------------------------------------------------------------------------------------------------
     # Strategy state in checkpoints

@@ -207,20 +207,29 @@ def _check_values(what: str, label: str, value, mask, require_positive: bool) ->
     import torch
 
     finite = torch.isfinite(value)
-    if not bool(finite.all()):
+    non_positive = ((value <= 0) & mask.bool()) if require_positive else torch.zeros_like(finite)
+    any_non_finite, any_non_positive = torch.stack([(~finite).any(), non_positive.any()]).tolist()  # one read
+    if any_non_finite:
         where = tuple((~finite).nonzero()[0].tolist())
         raise ValueError(
             f"Strategy {label} returned {what} with {int((~finite).sum())} non-finite value(s) (e.g. "
             f"{value[where].item()} at {where}); every value, padding included, must be finite."
         )
-    if require_positive:
-        non_positive = (value <= 0) & mask.bool()
-        if bool(non_positive.any()):
-            where = tuple(non_positive.nonzero()[0].tolist())
-            raise ValueError(
-                f"Strategy {label} returned {what} with {int(non_positive.sum())} value(s) <= 0 on completion "
-                f"tokens (e.g. {value[where].item()} at {where}); token weights must be > 0."
-            )
+    if any_non_positive:
+        where = tuple(non_positive.nonzero()[0].tolist())
+        raise ValueError(
+            f"Strategy {label} returned {what} with {int(non_positive.sum())} value(s) <= 0 on completion "
+            f"tokens (e.g. {value[where].item()} at {where}); token weights must be > 0."
+        )
+
+
+def bad_weight_count(weights, mask):
+    """Device scalar: how many token weights are non-finite (anywhere) or <= 0 (on completion tokens). The trainer
+    reads it with its weight metrics (no host synchronisation of its own) and calls :func:`check_token_weights`,
+    which names the strategy and a bad value, when it is not 0."""
+    import torch
+
+    return (~torch.isfinite(weights)).sum() + ((weights <= 0) & mask.bool()).sum()
 
 
 def check_token_weights(strategy: Any, strategy_names: list[str], weights: Any, logps, mask) -> None:
@@ -231,19 +240,22 @@ def check_token_weights(strategy: Any, strategy_names: list[str], weights: Any, 
 
 
 class StrategyOutputChecker:
-    """Checks strategy outputs for the trainer: token weights on the first micro-batch of each optimizer step (the
-    check synchronises with the device), advantages on every generation batch (once per generation)."""
+    """Checks strategy outputs for the trainer: the shape of token weights on every micro-batch (free; a (B, 1)
+    output would broadcast silently) and their values through :func:`bad_weight_count`, read together with the
+    weight metrics; advantages on every generation batch (once per generation)."""
 
     def __init__(self, strategy_names: list[str]):
         self.strategy_names = list(strategy_names)
-        self._weights_checked_at: int | None = None
 
-    def weights(self, strategy: Any, weights: Any, logps, mask, step: int) -> None:
-        # The shape on every micro-batch (free; a (B, 1) output would broadcast silently), the values once per step.
-        wrong_shape = getattr(weights, "shape", None) != logps.shape
-        if wrong_shape or step != self._weights_checked_at:
+    def weights(self, strategy: Any, weights: Any, logps, mask) -> Any:
+        """Refuses a wrongly shaped output now; returns :func:`bad_weight_count` of the values (a device scalar)."""
+        if getattr(weights, "shape", None) != logps.shape:
             check_token_weights(strategy, self.strategy_names, weights, logps, mask)
-            self._weights_checked_at = step
+        return bad_weight_count(weights, mask)
+
+    def raise_for_weights(self, strategy: Any, weights: Any, logps, mask) -> None:
+        """The error naming ``strategy`` for weights whose :func:`bad_weight_count` was not 0."""
+        check_token_weights(strategy, self.strategy_names, weights, logps, mask)
 
     def advantages(self, strategy: Any, output: Any, batch) -> None:
         check_token_advantages(strategy, self.strategy_names, output, batch)

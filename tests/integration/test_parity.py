@@ -352,3 +352,43 @@ def test_sequence_token_level_is_gspo_token(tiny_model_path, tmp_path):
     _, grads_sequence = loss_and_grads(sequence, token_inputs, 1)
     _, grads_token = loss_and_grads(sequence_token, token_inputs, 1)
     assert any(not torch.allclose(grads_sequence[n], grads_token[n], atol=1e-5) for n in grads_sequence)
+
+
+class HostReads:
+    """Counts reads of tensor values on the host (``.item()``, ``.tolist()``, ``bool``/``float``/``int``) and
+    tensors built on a device from host values: each is a host synchronisation on a GPU."""
+
+    METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counted(original))
+
+    def _counted(self, original):
+        def wrapper(tensor, *args, **kwargs):
+            self.count += 1
+            return original(tensor, *args, **kwargs)
+        return wrapper
+
+
+@pytest.mark.parametrize("strategy", ["equal", "grpo_sg", "random"])
+def test_weight_strategy_adds_at_most_one_host_read_per_micro_batch(tiny_model_path, tmp_path, strategy,
+                                                                    monkeypatch):
+    """Issue 13: the weight strategies read their metrics and the check of their output (finite, > 0) with one
+    synchronisation per micro-batch beyond TRL's own."""
+    parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", loss_type="dapo")
+    sharp = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", loss_type="dapo",
+                  strategies=strategy)
+    inputs = make_inputs(parent, 3)
+    counts = {}
+    for name, trainer in (("parent", parent), ("sharp", sharp)):
+        for micro_batch in range(2):  # the second shows the steady state (nothing cached on the first)
+            trainer.current_gradient_accumulation_steps = 1
+            reads = HostReads(monkeypatch)
+            trainer._compute_loss(trainer.model, dict(inputs))
+            counts[name, micro_batch] = reads.count
+            monkeypatch.undo()
+    assert counts["sharp", 0] <= counts["parent", 0] + 1, counts
+    assert counts["sharp", 1] <= counts["parent", 1] + 1, counts
