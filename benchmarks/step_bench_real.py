@@ -30,10 +30,11 @@ synchronising CUDA operation (``torch.cuda.set_sync_debug_mode("warn")``); on CP
 Python-level reads of tensor values (``.item()``, ``.tolist()``, ``bool()``, ``float()``, ``int()``), which are
 synchronisations on a GPU.
 
-Paired ratios with 95% bootstrap intervals as in ``step_bench.py`` (same statistics code). The GPU command (about 6
-minutes on an H100; the model is built on the GPU in seconds):
+Paired ratios with 95% bootstrap intervals as in ``step_bench.py`` (same statistics code). On an H100 one
+``model.generate`` call of this batch takes 7.5-8.5 s (launch-bound decoding), so the defaults take about 10 minutes;
+``--gen_rounds 3 --steps 1`` took 478 s (benchmarks/RESULTS.md). The model is built on the GPU in seconds:
 
-    python benchmarks/step_bench_real.py --device cuda --json step_real.json
+    python benchmarks/step_bench_real.py --device cuda --gen_rounds 3 --steps 1 --json step_real.json
 
 A CPU smoke run at small shapes (same code path, minutes):
 
