@@ -78,12 +78,19 @@ def derived(stats):
     return {"lse": stats[0] + total.log(), "1-q": stats[1] / total, "num/total": stats[3] / total, "own_u": stats[4]}
 
 
-def tile_error(config, n, cols, hidden, device):
-    gen = torch.Generator(device="cpu").manual_seed(0)
+def random_tile(n, cols, hidden, id_range, device, seed):
+    """Hidden states (n, H), one vocabulary tile of W and of S (cols, H) and token ids in [0, id_range) (ids past the
+    tile belong to other tiles)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     h = torch.randn(n, hidden, generator=gen).to(device, DTYPE)
     w = (torch.randn(cols, hidden, generator=gen) * 2 / hidden**0.5).to(device, DTYPE)
     s = (torch.randn(cols, hidden, generator=gen) * 1e-3).to(device, DTYPE)
-    ids = torch.randint(0, cols, (n,), generator=gen).to(device, torch.int32)
+    ids = torch.randint(0, id_range, (n,), generator=gen).to(device, torch.int32)
+    return h, w, s, ids
+
+
+def tile_error(config, n, cols, hidden, device):
+    h, w, s, ids = random_tile(n, cols, hidden, cols, device, seed=0)
     stats = thr_kernels.triton_tile_statistics(h, w, s, None, ids, 1.0, **config)
     z = h.double() @ w.double().T
     u = h.double() @ s.double().T
@@ -119,11 +126,7 @@ def main(argv=None):
     from sharpgrpo.strategies.thr import _slice_width
 
     cols = _slice_width(args.chunk_size, args.vocab, n)  # the width of the fused score's vocabulary tiles
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    h = torch.randn(n, args.hidden, generator=gen).to(device, DTYPE)
-    w = (torch.randn(cols, args.hidden, generator=gen) * 2 / args.hidden**0.5).to(device, DTYPE)
-    s = (torch.randn(cols, args.hidden, generator=gen) * 1e-3).to(device, DTYPE)
-    ids = torch.randint(0, args.vocab, (n,), generator=gen).to(device, torch.int32)
+    h, w, s, ids = random_tile(n, cols, args.hidden, args.vocab, device, seed=1)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{name}; tile: N={n} x {cols} columns, H={args.hidden}, {args.dtype}", flush=True)
     print("| BM | BN | BK | warps | stages | max rel err (tile stats) | with U | TFLOP/s | without U | TFLOP/s |")

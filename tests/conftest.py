@@ -18,3 +18,12 @@ def tiny_model_path(tmp_path_factory):
     from sharpgrpo.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2"))
+
+
+@pytest.fixture
+def restore_environment():
+    """TrlParser exports a config's `env:` block into os.environ; undo that after the test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

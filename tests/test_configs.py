@@ -12,7 +12,6 @@ accelerate's own config reader. The tiny CPU variant of the CW-GRPO config is tr
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from pathlib import Path
 
@@ -61,15 +60,6 @@ BATCHES = {  # name: (GPUs, completions per update, completions per generation)
     "thr_math_exploit_qwen2.5_math_1.5b": (4, 512, 2048),
     "thr_math_explore_qwen2.5_math_1.5b": (4, 512, 2048),
 }
-
-
-@pytest.fixture
-def restore_environment():
-    """TrlParser exports a config's `env:` block into os.environ; undo that after the test."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def parse(path: Path, *extra: str):

@@ -11,14 +11,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def restore_environment():
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def test_search_demo_config_passes_train_checks_before_the_model(restore_environment):
     """What train.py's _main checks before building or loading a model, on configs/search_demo.yaml."""
     sys.path.insert(0, str(REPO))
