@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer
@@ -177,6 +178,10 @@ def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
 
 
 if __name__ == "__main__":
+    # transformers 5 renamed gradient_checkpointing* to activation_checkpointing*; TRL's GRPOConfig default
+    # (gradient_checkpointing=True) and TRL's trainer still use the old names, so every run warned, ahead of a
+    # one-line error too, about something the user did not write.
+    warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
     with one_line_errors():  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
         parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
         main(*parser.parse_args_and_config())

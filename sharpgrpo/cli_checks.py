@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sharpgrpo.validation import ConfigError
+from sharpgrpo.validation import ConfigError, validate_arguments
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "SHARPGRPO_DEBUG"
@@ -164,7 +164,8 @@ def dataset_loader(dataset_name: str):
 
 
 def check_dataset_kwargs(dataset_name: str, kwargs: dict[str, Any]) -> None:
-    """Refuse keys the loader does not take (e.g. the YAML's ``dataset_kwargs`` left over after ``--dataset_name``)."""
+    """Refuse keys the loader does not take (e.g. the YAML's ``dataset_kwargs`` left over after ``--dataset_name``),
+    and values outside the ranges its ``@argument_rules`` declare (``num_prompts: "abc"``)."""
     loader = dataset_loader(dataset_name)
     parameters = inspect.signature(loader).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
@@ -190,6 +191,7 @@ def check_dataset_kwargs(dataset_name: str, kwargs: dict[str, Any]) -> None:
     ]
     if required:
         raise ConfigError(f"dataset_kwargs={kwargs!r}: dataset_name={dataset_name!r} needs {', '.join(required)}.")
+    validate_arguments(loader, kwargs, "dataset_kwargs")  # the loader's @argument_rules: types and ranges
 
 
 def check_data_file(path: str | os.PathLike, field: str = "dataset_name") -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import random
 
+from sharpgrpo.validation import argument_rules, integer
+
 DEMO_LETTERS = "abcdefgh"
 DEMO_WORD_LENGTH = 8
 WARM_START_FOLLOW_PROMPT = 0.4
@@ -21,6 +23,7 @@ def demo_prompt(allowed: str) -> str:
     return f"letters: {' '.join(allowed)}\nword:"
 
 
+@argument_rules(num_prompts=integer(1), seed=integer(0))
 def demo_dataset(num_prompts: int = 512, seed: int = 0):
     """A ``datasets.Dataset`` with ``prompt`` and ``allowed`` columns (every 3-letter subset, shuffled, cycled)."""
     from datasets import Dataset

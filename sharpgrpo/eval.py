@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
+    from sharpgrpo.cli_checks import one_line_errors
+
+    with one_line_errors():  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
         main()
-    except (FileNotFoundError, ValueError) as error:  # missing data or model files, refused settings: one line
-        raise SystemExit(f"error: {error}") from None

@@ -9,9 +9,13 @@ set of choices, None or special values); a table maps field names to rules, so a
 ``SharpGRPOConfig.__post_init__`` checks its own table (``sharpgrpo.config.FIELD_RULES``) and TRL's
 (:data:`TRL_FIELD_RULES`) before anything else, so a bad value fails before any model or dataset is loaded. Any
 other options dataclass (e.g. a task's) calls ``validate_fields(self, ITS_RULES)`` in its own ``__post_init__``.
+A dataset builder declares what its ``dataset_kwargs`` accept with ``@argument_rules(num_prompts=integer(1))``;
+``train.py`` checks them (:func:`validate_arguments`) before the model loads.
 
-Strategy outputs are checked here too (:func:`check_token_weights`, :func:`check_token_advantages`): the trainer
-calls them once per step, so a user strategy returning NaN or a wrong shape fails with its name.
+Strategy outputs are checked here too (:func:`check_token_weights`, :func:`check_token_advantages`): token weights
+on every micro-batch (their :func:`bad_weight_count` is read with the weight metrics, so the check costs no host
+synchronisation of its own), advantages on every generation batch, so a user strategy returning NaN or a wrong shape
+fails with its name.
 """
 
 from __future__ import annotations
@@ -126,6 +130,25 @@ def validate_fields(obj: Any, rules: Mapping[str, Rule]) -> None:
     for name, rule in rules.items():
         if hasattr(obj, name):
             rule.check(name, getattr(obj, name))
+
+
+def argument_rules(**rules: Rule):
+    """Decorator: what a function's keyword arguments accept when a config supplies them (a dataset builder's
+    ``dataset_kwargs``), e.g. ``@argument_rules(num_prompts=integer(1))``; checked by :func:`validate_arguments`."""
+
+    def decorator(fn):
+        fn.argument_rules = dict(rules)
+        return fn
+
+    return decorator
+
+
+def validate_arguments(fn: Any, kwargs: Mapping[str, Any], label: str) -> None:
+    """Check ``kwargs`` against ``fn``'s :func:`argument_rules`; an error names ``label.key``, the value and the
+    range."""
+    for name, rule in getattr(fn, "argument_rules", {}).items():
+        if name in kwargs:
+            rule.check(f"{label}.{name}", kwargs[name])
 
 
 # TRL / transformers fields whose bad values would otherwise surface only after the model loads (or never).

@@ -209,7 +209,14 @@ BAD_CLI = [
     (["--dataset_kwargs", "{num_prompts:0}"], "dataset_kwargs", "put a space after ':'"),
     (["--dataset_name", "kk"], "dataset_kwargs", "num_prompts not accepted by the loader of dataset_name='kk', "
      "which takes num_puzzles, min_people, max_people"),
-    (["--dataset_kwargs", '{"num_prompts": 0}'], "dataset_name", "0 prompts, nothing to train on"),
+    (["--dataset_kwargs", '{"num_prompts": 0}'], "dataset_kwargs.num_prompts", "num_prompts=0: must be an integer"),
+    (["--dataset_kwargs", '{"num_prompts": "abc"}'], "dataset_kwargs.num_prompts", "'abc': must be an integer >= 1"),
+    (["--dataset_kwargs", '{"num_prompts": 2.5}'], "dataset_kwargs.num_prompts", "2.5: must be an integer >= 1"),
+    (["--dataset_kwargs", '{"num_prompts": -1}'], "dataset_kwargs.num_prompts", "-1: must be an integer >= 1"),
+    (["--dataset_name", "kk", "--reward_funcs", "kk", "--dataset_kwargs", '{"min_people": 1}'],
+     "dataset_kwargs.min_people", "min_people=1: must be an integer in [2, 8]"),
+    (["--dataset_name", "math_eval", "--reward_funcs", "math", "--dataset_kwargs", '{"name": "gsm8k"}'],
+     "dataset_kwargs.name", "name='gsm8k': must be one of math500, aime24"),
     (["--dataset_name", "{tmp}/empty.jsonl", "--dataset_kwargs", "{}"], "dataset_name", "empty.jsonl': the file is empty"),
     (["--dataset_name", "{tmp}/blank.jsonl", "--dataset_kwargs", "{}"], "dataset_name", "the file is empty"),
     (["--dataset_name", "{tmp}/malformed.jsonl", "--dataset_kwargs", "{}"], "dataset_name", "line 2 is not valid JSON"),
@@ -253,16 +260,25 @@ def test_bad_script_input_is_refused_before_any_model(train_module, data_files, 
     assert not cache.exists() and not (data_files / "out").exists()  # no model built, loaded or saved
 
 
-def test_script_prints_one_line_without_traceback(tmp_path):
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--thr_p", "nan"], "thr_p=nan: must be a finite number in [-1, 1]."),  # refused while the config parses
+        # refused after the config parsed, where transformers' gradient_checkpointing FutureWarning came first
+        (["--dataset_kwargs", '{"num_prompts": "abc"}'], "dataset_kwargs.num_prompts='abc': must be an integer >= 1."),
+    ],
+    ids=["config_value", "dataset_kwargs"],
+)
+def test_script_prints_one_line_without_traceback(tmp_path, args, error):
     cache = tmp_path / "cache"
     env = {**os.environ, "SHARPGRPO_CACHE": str(cache), "OMP_NUM_THREADS": "1", "SHARPGRPO_DEBUG": "0"}
-    command = [sys.executable, "train.py", "--config", DEMO_CONFIG, "--thr_p", "nan", "--output_dir", str(tmp_path)]
+    command = [sys.executable, "train.py", "--config", DEMO_CONFIG, *args, "--output_dir", str(tmp_path / "out")]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: thr_p=nan: must be a finite number in [-1, 1]. (full traceback: --debug or "
-                      "SHARPGRPO_DEBUG=1)"], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and not cache.exists()
+    assert result.stderr.splitlines() == [f"error: {error} (full traceback: --debug or SHARPGRPO_DEBUG=1)"], (
+        result.stderr[-2000:]
+    )
+    assert not cache.exists() and not (tmp_path / "out").exists()
 
 
 def test_debug_flag_or_variable_keeps_the_traceback(monkeypatch, capsys):

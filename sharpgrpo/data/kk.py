@@ -34,6 +34,7 @@ import numpy as np
 
 from sharpgrpo.data import register_dataset
 from sharpgrpo.paths import shared_data_dir
+from sharpgrpo.validation import argument_rules, integer, one_of
 
 Statement = tuple  # nested tuples, see the module docstring
 
@@ -447,6 +448,14 @@ def _people_range(min_people: int, max_people: int) -> list[int]:
 
 
 @register_dataset("kk")
+@argument_rules(
+    num_puzzles=integer(1),
+    min_people=integer(MIN_PEOPLE, MAX_PEOPLE),
+    max_people=integer(MIN_PEOPLE, MAX_PEOPLE),
+    seed=integer(0),
+    prompt_format=one_of(*PROMPT_FORMATS),
+    start_index=integer(0),
+)
 def kk_train_dataset(
     num_puzzles: int = 4500,
     min_people: int = 3,
@@ -480,6 +489,7 @@ def kk_train_dataset(
 
 
 @register_dataset("kk_shared")
+@argument_rules(source=one_of("logicrl", "regen"), prompt_format=one_of(*PROMPT_FORMATS))
 def kk_shared_dataset(
     source: str = "logicrl",
     n_people: int | Sequence[int] | None = None,

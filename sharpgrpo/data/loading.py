@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from sharpgrpo.data.math import MATH_PROMPT_SUFFIX
+from sharpgrpo.validation import argument_rules, integer, one_of
 
 PROMPT_TEMPLATES = {"math": "{prompt}" + MATH_PROMPT_SUFFIX}
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -62,6 +63,7 @@ def resolve_prompt_template(prompt_template: str) -> str:
     return PROMPT_TEMPLATES.get(prompt_template, prompt_template)
 
 
+@argument_rules(conversational=one_of(False, True), max_samples=integer(0, allow_none=True))
 def load_dataset_source(
     path_or_hub_id: str,
     column_mapping: dict[str, str] | None = None,

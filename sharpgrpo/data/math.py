@@ -19,6 +19,7 @@ from typing import Any
 from reward_fns.math import normalize_math_gold
 from sharpgrpo.data import register_dataset
 from sharpgrpo.paths import shared_data_dir
+from sharpgrpo.validation import argument_rules, one_of
 
 MATH_PROMPT_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
 # A str.format template (the braces of \boxed{} doubled): MATH_PROMPT.format(problem=...) == math_prompt(...).
@@ -123,6 +124,7 @@ def load_math_hub(name: str, where: str = "") -> list[dict[str, Any]]:
 
 
 @register_dataset("math_eval")
+@argument_rules(name=one_of(*MATH_EVAL_SETS), conversational=one_of(False, True))
 def math_eval_dataset(name: str = "math500", conversational: bool = False):
     """A shared math evaluation set as a dataset: ``prompt`` (string, or one user message), ``problem``, ``answer``
     (list of acceptable golds, the column ``math_reward`` reads)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharpgrpo.cli_checks import check_model_source
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator, choose_backend
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 
@@ -303,6 +304,8 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         config = EvalConfig(**kwargs)
     elif kwargs:
         config = dataclasses.replace(config, **kwargs)
+    # A missing local path or an unknown Hub id is refused with one line before any file is written or model loaded.
+    check_model_source(config.model, field="--model")
     if config.max_new_tokens is None:
         budget, source = default_max_new_tokens(config.model)
         config = dataclasses.replace(config, max_new_tokens=budget)

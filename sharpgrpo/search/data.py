@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sharpgrpo.paths import shared_data_dir
 from sharpgrpo.search.format import make_prompt
+from sharpgrpo.validation import argument_rules, between, integer, one_of
 
 SHARED_CORPUS = "shared:qa"  # `retrieval_corpus` alias of the shared corpus
 SPLIT_SEED = 0
@@ -61,6 +62,13 @@ def search_qa_rows(split: str = "train", seed: int = SPLIT_SEED, test_fraction: 
     ]
 
 
+@argument_rules(
+    split=one_of("train", "test", "all"),
+    seed=integer(0),
+    test_fraction=between(0, 1, low_open=True, high_open=True),
+    conversational=one_of(False, True),
+    max_samples=integer(0, allow_none=True),
+)
 def search_qa_dataset(split: str = "train", seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION,
                       conversational: bool = False, max_samples: int | None = None):
     """``datasets.Dataset`` of :func:`search_qa_rows`; ``conversational`` wraps the prompt as a user message."""

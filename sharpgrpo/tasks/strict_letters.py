@@ -14,6 +14,7 @@ import itertools
 
 from sharpgrpo.demo import DEMO_LETTERS, demo_dataset, demo_prompt
 from sharpgrpo.evaluation.report import markdown_table, percent
+from sharpgrpo.validation import argument_rules, integer
 
 STRICT_WORD_LENGTH = 5
 
@@ -38,6 +39,7 @@ def strict_letters_reward(prompts, completions, allowed, **kwargs) -> list[float
     return [float(ok) for ok in strict_letters_correct(prompts, completions, allowed)]
 
 
+@argument_rules(num_prompts=integer(1), seed=integer(0))
 def strict_letters_dataset(num_prompts: int = 512, seed: int = 0):
     """The demo's dataset (``prompt`` and ``allowed`` columns, every 3-letter subset of a-h, shuffled, cycled)."""
     return demo_dataset(num_prompts=num_prompts, seed=seed)

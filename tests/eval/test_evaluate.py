@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -167,4 +170,17 @@ def test_config_validation():
     with pytest.raises(ValueError, match="Unknown task"):
         EvalConfig(model="m", task="chess", output="o.json")
     with pytest.raises(ValueError, match="needs --data"):
-        evaluate(model="m", task="qa", output="o.json")
+        evaluate(model="sharpgrpo-tiny", task="qa", output="o.json", max_new_tokens=4)
+
+
+def test_cli_refuses_a_missing_model_path_with_one_line_before_writing(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHARPGRPO_DEBUG": "0", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "sharpgrpo.eval", "--model", "./no_model", "--task", "kk",
+               "--output", "out/kk.json"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: --model='./no_model': no such directory ({tmp_path.resolve() / 'no_model'}), and it is not a Hugging "
+        "Face Hub id (org/name). (full traceback: --debug or SHARPGRPO_DEBUG=1)"
+    ], result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # no samples file, no output folder

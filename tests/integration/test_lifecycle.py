@@ -1,15 +1,16 @@
-"""Nothing lost: a real SIGTERM during ``python train.py``, ``--resume_from_checkpoint true``, incomplete and damaged
-checkpoints, the non-finite stop, and the strategy state under ``torch.load(weights_only=True)``.
+"""Nothing lost: a real SIGTERM or SIGINT during ``python train.py``, a real SIGKILL while a checkpoint is written,
+``--resume_from_checkpoint true``, incomplete and damaged checkpoints, the non-finite stop, and the strategy state
+under ``torch.load(weights_only=True)``.
 
-Design of the signal test. Three subprocesses of ``train.py --config configs/demo.yaml`` (the tiny model, 8 steps at a
-constant learning rate, a checkpoint every 2 steps): an uninterrupted run; a run sent SIGTERM a random moment after its checkpoint-2
-exists (so at a random step from 2 on), which must finish the step, save a checkpoint (with the strategy state,
-``trainer_state.json`` and the plot) and exit with 128 + SIGTERM; and a rerun with ``--resume_from_checkpoint true``
-in the same folder. Every demo step is a generation boundary (steps_per_generation = 1), and the checkpoint restores
-weights, Adam, scheduler, every random stream and the strategy state, so the resumed steps repeat the
-uninterrupted run's float operations in the same order on the same machine: the losses and gradient norms of the
-following steps are compared to 1e-6 (a bound that allows only for round-off from a different operation order; they
-are in fact equal).
+Design of the signal test, once per signal (SIGTERM, SIGINT). Subprocesses of ``train.py --config configs/demo.yaml``
+(the tiny model, 16 steps at a constant learning rate, a checkpoint every 2 steps): an uninterrupted run (shared by
+both signals); a run sent the signal a random moment after its checkpoint-2 exists (so at a random step from 2 on),
+which must finish the step, save a checkpoint (with the strategy state, ``trainer_state.json`` and the plot) and exit
+with 128 + the signal (143, 130); and a rerun with ``--resume_from_checkpoint true`` in the same folder. Every demo
+step is a generation boundary (steps_per_generation = 1), and the checkpoint restores weights, Adam, scheduler, every
+random stream and the strategy state, so the resumed steps repeat the uninterrupted run's float operations in the
+same order on the same machine: the losses and gradient norms of the following steps are compared to 1e-6 (a bound
+that allows only for round-off from a different operation order; they are in fact equal).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sharpgrpo.lifecycle import (
     CheckpointError,
     NonFiniteTrainingError,
     check_checkpoint,
+    checkpoint_folders,
     latest_complete_checkpoint,
     resolve_resume_checkpoint,
 )
@@ -64,13 +66,20 @@ def step_logs(output_dir: Path) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lifecycle")
-    full = subprocess.run(train_command(root / "full"), env=environment(), capture_output=True, text=True,
+def full_run(tmp_path_factory):
+    """The output folder of an uninterrupted run of STEPS steps."""
+    output_dir = tmp_path_factory.mktemp("lifecycle") / "full"
+    full = subprocess.run(train_command(output_dir), env=environment(), capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
     assert full.returncode == 0, full.stderr[-3000:]
+    return output_dir
 
-    interrupted = root / "interrupted"
+
+@pytest.fixture(scope="module", params=[signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def interrupted_run(request, tmp_path_factory):
+    """A run sent ``request.param`` after its checkpoint-2, then resumed with ``--resume_from_checkpoint true``."""
+    signum = request.param
+    interrupted = tmp_path_factory.mktemp(f"lifecycle_{signum.name}") / "interrupted"
     process = subprocess.Popen(train_command(interrupted, steps=200, plot=True), env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.time() + 240
@@ -78,21 +87,21 @@ def runs(tmp_path_factory):
         assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
         time.sleep(0.02)
     time.sleep(random.uniform(0.0, 0.1))  # a random step from 2 on
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     _, stopped_err = process.communicate(timeout=240)
     stop = max(int(p.name.split("-")[1]) for p in interrupted.glob("checkpoint-*") if (p / COMPLETE_MARKER).exists())
     plotted = (interrupted / "training_curves.png").is_file()
 
     resumed = subprocess.run(train_command(interrupted, "--resume_from_checkpoint", "true"), env=environment(),
                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-    return {"full": root / "full", "interrupted": interrupted, "code": process.returncode,
-            "stopped_err": stopped_err, "stop": stop,
-            "plotted": plotted, "resumed": resumed}  # fmt: skip
+    return {"signal": signum, "interrupted": interrupted, "code": process.returncode, "stopped_err": stopped_err,
+            "stop": stop, "plotted": plotted, "resumed": resumed}  # fmt: skip
 
 
-def test_sigterm_saves_and_resume_true_continues_like_the_uninterrupted_run(runs):
-    assert runs["code"] == 128 + signal.SIGTERM, runs["stopped_err"][-3000:]
-    assert "SIGTERM received" in runs["stopped_err"]
+def test_signal_saves_and_resume_true_continues_like_the_uninterrupted_run(full_run, interrupted_run):
+    runs = interrupted_run
+    assert runs["code"] == 128 + runs["signal"], runs["stopped_err"][-3000:]  # 143 for SIGTERM, 130 for SIGINT
+    assert f"{runs['signal'].name} received" in runs["stopped_err"]
     folder = runs["interrupted"]
     stop = runs["stop"]  # the newest complete checkpoint when the interrupted run exited
     assert stop < STEPS, "the signal arrived after the last step; nothing was interrupted"
@@ -105,7 +114,7 @@ def test_sigterm_saves_and_resume_true_continues_like_the_uninterrupted_run(runs
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stderr
     assert f"[sharpgrpo] done at step {STEPS}" in resumed.stderr
-    full, again = step_logs(runs["full"]), step_logs(folder)
+    full, again = step_logs(full_run), step_logs(folder)
     following = list(range(stop + 1, STEPS + 1))
     assert following and all(step in again for step in following)
     compared = [(full[s][key], again[s][key]) for s in following for key in ("loss", "grad_norm", "reward")]
@@ -113,12 +122,12 @@ def test_sigterm_saves_and_resume_true_continues_like_the_uninterrupted_run(runs
     assert runs["plotted"]
 
 
-def test_the_run_leaves_completions_a_card_and_a_summary(runs):
+def test_the_run_leaves_completions_a_card_and_a_summary(full_run):
     """The demo config writes each step's completions (the token analysis reads them), a model card naming the real
     base model without a fake dataset link and with BibTeX citations, and ends with one summary line."""
     from sharpgrpo.diagnostics.tokens import read_logged_completions
 
-    full = runs["full"]
+    full = full_run
     assert len(list((full / "completions").glob("completions_*.parquet"))) == STEPS
     prompts, completions = read_logged_completions(full / "completions")
     assert len(prompts) == len(completions) == STEPS * 16  # per_device_train_batch_size rows per generation batch
@@ -152,8 +161,8 @@ def test_accelerate_launch_that_starts_one_of_two_processes_is_refused(tmp_path)
     assert "started ONE process" in launched.stderr and "--multi_gpu --num_processes 2" in launched.stderr
 
 
-def test_resume_skips_incomplete_and_names_damaged_files(runs, tmp_path):
-    source = runs["full"]
+def test_resume_skips_incomplete_and_names_damaged_files(full_run, tmp_path):
+    source = full_run
     folder = tmp_path / "run"
     shutil.copytree(source / "checkpoint-4", folder / "checkpoint-4")
     # What a SIGKILL while saving checkpoint-6 leaves: some files, no completion marker.
@@ -185,7 +194,49 @@ def test_resume_skips_incomplete_and_names_damaged_files(runs, tmp_path):
         resolve_resume_checkpoint(True, str(tmp_path / "empty"))
 
 
-def test_resuming_off_a_generation_boundary_warns(runs):
+def test_sigkill_while_saving_resumes_from_the_previous_complete_checkpoint(tmp_path, capsys):
+    """A real SIGKILL in the middle of writing a checkpoint. The run saves every step; as soon as its newest
+    checkpoint-N folder has its weights file but not yet the completion marker (and an older checkpoint exists), the
+    test stops the process (SIGSTOP, waiting until it is stopped) and, if the marker is still absent, SIGKILLs it
+    there; otherwise it lets the run go on (SIGCONT) to the next checkpoint. Resolving `--resume_from_checkpoint true`
+    must skip checkpoint-N, naming it, and take the previous complete checkpoint, saying which."""
+    output_dir = tmp_path / "killed"
+    with open(tmp_path / "train.log", "w") as log:  # a file, not a pipe nobody reads while polling
+        process = subprocess.Popen(train_command(output_dir, "--save_steps", "1", steps=200), env=environment(),
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline, caught = time.time() + 240, None
+    try:
+        while caught is None:
+            assert process.poll() is None and time.time() < deadline, (tmp_path / "train.log").read_text()[-3000:]
+            folders = checkpoint_folders(output_dir)
+            newest = folders[0] if len(folders) >= 2 else None
+            if newest and (newest / "model.safetensors").exists() and not (newest / COMPLETE_MARKER).exists():
+                process.send_signal(signal.SIGSTOP)
+                _, status = os.waitpid(process.pid, os.WUNTRACED)  # returns once the process is stopped
+                assert os.WIFSTOPPED(status), f"the run ended (status {status}) before it was stopped"
+                if not (newest / COMPLETE_MARKER).exists():
+                    caught = newest  # killed just below, in the middle of saving it
+                else:  # it finished that checkpoint before it stopped: try the next one
+                    process.send_signal(signal.SIGCONT)
+            time.sleep(0.001)
+    finally:
+        process.kill()  # caught, or the test failed: the run ends here either way
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+
+    folders = checkpoint_folders(output_dir)
+    assert folders[0] == caught and (caught / "model.safetensors").exists()
+    assert not (caught / COMPLETE_MARKER).exists()
+    previous = folders[1]
+    assert (previous / COMPLETE_MARKER).exists()
+    capsys.readouterr()
+    assert resolve_resume_checkpoint("true", str(output_dir)) == str(previous)
+    said = capsys.readouterr().err
+    assert f"skipping {caught.name}: incomplete (no {COMPLETE_MARKER}" in said, said
+    assert f"resuming from {previous} (the newest complete checkpoint)" in said, said
+
+
+def test_resuming_off_a_generation_boundary_warns(full_run):
     """TRL regenerates every steps_per_generation * num_iterations micro-steps; checkpoint-2 of a run generating every
     4 steps resumes mid-buffer (warned), of one generating every 2 steps at a boundary (silent)."""
     import warnings
@@ -193,7 +244,7 @@ def test_resuming_off_a_generation_boundary_warns(runs):
 
     from sharpgrpo.lifecycle import warn_if_off_boundary
 
-    checkpoint = str(runs["full"] / "checkpoint-2")
+    checkpoint = str(full_run / "checkpoint-2")
     every = lambda n: SimpleNamespace(steps_per_generation=n, gradient_accumulation_steps=1, num_iterations=1)
     with pytest.warns(UserWarning, match="step 2.*not at a generation boundary"):
         warn_if_off_boundary(checkpoint, every(4))
