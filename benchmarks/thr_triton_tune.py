@@ -150,14 +150,14 @@ def main(argv=None):
         print(f"| {bm} | {bn} | {bk} | {warps} | {stages} | {error:.1e} | {with_u * 1e3:.2f} ms | "
               f"{flops_u / with_u / 1e12:.0f} | {without_u * 1e3:.2f} ms | {flops / without_u / 1e12:.0f} |",
               flush=True)
-    accurate = [r for r in rows if r["rel_err"] < 1e-3] or [{**thr_kernels.TRITON_TILE_CONFIG, "with_u_s": 0}]
-    best = min(accurate, key=lambda r: r["with_u_s"])
-    best_normaliser = (min(accurate, key=lambda r: r["without_u_s"]) if rows
-                       else dict(thr_kernels.TRITON_NORMALISER_CONFIG))
-    thr_kernels.TRITON_TILE_CONFIG.update({k: best[k] for k in thr_kernels.TRITON_TILE_CONFIG})
-    thr_kernels.TRITON_NORMALISER_CONFIG.update({k: best_normaliser[k] for k in thr_kernels.TRITON_NORMALISER_CONFIG})
-    print(f"fastest accurate configurations: with U {thr_kernels.TRITON_TILE_CONFIG}, "
-          f"without U {thr_kernels.TRITON_NORMALISER_CONFIG}", flush=True)
+    if rows:  # the fastest accurate candidates become the configurations used below (--skip-tune: as configured)
+        accurate = [r for r in rows if r["rel_err"] < 1e-3]
+        for config, key in ((thr_kernels.TRITON_TILE_CONFIG, "with_u_s"),
+                            (thr_kernels.TRITON_NORMALISER_CONFIG, "without_u_s")):
+            fastest = min(accurate, key=lambda r: r[key])
+            config.update({k: fastest[k] for k in config})
+    print(f"kernel configurations (the fastest accurate candidates unless --skip-tune): with U "
+          f"{thr_kernels.TRITON_TILE_CONFIG}, without U {thr_kernels.TRITON_NORMALISER_CONFIG}", flush=True)
 
     # The whole fused score with the kernel, against the suite's float64 reference (fp32, small shapes, on the GPU).
     from test_thr import make_group, reference_scores
@@ -180,8 +180,11 @@ def main(argv=None):
     print(f"fused score with the Triton kernel on {device} vs float64 reference (fp32, 3 groups): "
           f"max rel error {worst:.1e}", flush=True)
     if args.json is not None:
-        args.json.write_text(json.dumps({"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(), "tile_columns": cols, "rows": rows,
-                                         "best": best, "best_normaliser": best_normaliser, "reference_rel_err": worst}, indent=2))
+        device_name = str(device) if device.type == "cpu" else torch.cuda.get_device_name()
+        args.json.write_text(json.dumps({"device": device_name, "tile_columns": cols, "rows": rows,
+                                         "best": thr_kernels.TRITON_TILE_CONFIG,
+                                         "best_normaliser": thr_kernels.TRITON_NORMALISER_CONFIG,
+                                         "reference_rel_err": worst}, indent=2))
     if bench_argv:
         import thr_bench
 

@@ -9,11 +9,12 @@ entry's parameters and the ``--set`` overrides differ. Runs go to ``OUTPUT/runs/
 ``compare_run.json`` marker, written after a successful exit, and ``trainer_state.json`` exist with the same
 command and config file contents) is kept and skipped, so an interrupted comparison resumes where it stopped; a run
 whose config file or overrides changed since it ran is run again; a crashed run is reported with its log and the
-others go on. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the queued runs, forwards one SIGINT to the running ``train.py``
-processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of the
-finished runs and exits with 130; the same command then resumes (interrupted runs start again). Then ``sharpgrpo.compare_stats`` aggregates: per strategy the mean and Student-t
-interval over seeds, and the paired difference against the first strategy (the baseline), into ``report.md``,
-``summary.json``, ``reward.png`` and ``grad_norm.png`` (mean over seeds with its band).
+others go on. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the queued runs, forwards one SIGINT to the running
+``train.py`` processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of
+the finished runs and exits with 130; the same command then resumes (interrupted runs start again). Then
+``sharpgrpo.compare_stats`` aggregates: per strategy the mean and Student-t interval over seeds, and the paired
+difference against the first strategy (the baseline), into ``report.md``, ``summary.json``, ``reward.png`` and
+``grad_norm.png`` (mean over seeds with its band).
 
 A strategy entry is ``NAME[+NAME...][:field=value[,field=value...]]``: ``grpo_sg+thr`` composes two strategies,
 ``thr:thr_p=-0.1`` sets a parameter; its label (``thr (thr_p=-0.1)``) names it in the tables and plots.
@@ -44,6 +45,7 @@ from sharpgrpo.plot import ema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MARKER = "compare_run.json"
+NOT_FINISHED = "not finished"  # Run.stale_reason() of a run with no marker (never ran, or did not finish)
 LOG = "train.log"
 
 
@@ -126,14 +128,11 @@ class Run:
             return None
         return self.directory / "eval.json"
 
-    def finished(self) -> bool:
-        return self.stale_reason() is None
-
     def stale_reason(self) -> str | None:
         """``None`` when the run finished with this exact command and config; otherwise why it has to run (again)."""
         marker = self.directory / MARKER
         if not marker.is_file() or not (self.directory / TRAINER_STATE).is_file():
-            return "not finished"
+            return NOT_FINISHED
         try:
             recorded = json.loads(marker.read_text())
         except json.JSONDecodeError:
@@ -320,7 +319,7 @@ def run_all(
         if reason is None:
             run.status = "skipped"
         else:
-            if reason not in ("not finished",) and (run.directory / MARKER).is_file():
+            if reason != NOT_FINISHED:  # it finished before, under other settings
                 print(f"{run.spec.label} seed {run.seed}: {reason}; running it again.", file=sys.stderr)
             todo.append(run)
     children = ChildProcesses()
@@ -605,7 +604,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for run in runs:
             reason = run.stale_reason()
             run.status = "skipped" if reason is None else "missing"
-            if reason is not None and reason != "not finished":
+            if reason is not None and reason != NOT_FINISHED:
                 run.error = reason
     else:
         previous = _stop_signals_as_keyboard_interrupt()

@@ -4,8 +4,8 @@ on synthetic Search-R1 episodes (prompt, ``<think>``, ``<search>``, retrieved ``
 It is cached apart from ``sharpgrpo-tiny`` (``$SHARPGRPO_CACHE/tiny-search-qwen2-v{TINY_SEARCH_VERSION}``) and
 resolved from the name ``sharpgrpo-tiny-search``. The warm start teaches the format only (the loss skips the prompt
 and the retrieved text, as RL does); whether the answer is right is left to RL. It trains on the full Search-R1 prompt
-that RL uses (an earlier build trained on the prompt's last line only, and searched in ~6% of RL episodes), with a first
-turn short enough for ``max_turn_tokens: 64``. About 1-2 min of CPU time on 2 cores.
+that RL uses (an earlier build trained on the prompt's last line only, and searched in ~6% of RL episodes), with a
+first turn short enough for ``max_turn_tokens: 64``. About 1-2 min of CPU time on 2 cores.
 """
 
 from __future__ import annotations
