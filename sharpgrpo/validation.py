@@ -229,13 +229,12 @@ def _check_shape(what: str, label: str, value: Any, expected_shape) -> None:
 def _check_values(what: str, label: str, value, mask, require_positive: bool) -> None:
     import torch
 
-    finite = torch.isfinite(value)
-    non_positive = ((value <= 0) & mask.bool()) if require_positive else torch.zeros_like(finite)
-    any_non_finite, any_non_positive = torch.stack([(~finite).any(), non_positive.any()]).tolist()  # one read
+    non_finite, non_positive = _invalid_values(value, mask, require_positive)
+    any_non_finite, any_non_positive = torch.stack([non_finite.any(), non_positive.any()]).tolist()  # one read
     if any_non_finite:
-        where = tuple((~finite).nonzero()[0].tolist())
+        where = tuple(non_finite.nonzero()[0].tolist())
         raise ValueError(
-            f"Strategy {label} returned {what} with {int((~finite).sum())} non-finite value(s) (e.g. "
+            f"Strategy {label} returned {what} with {int(non_finite.sum())} non-finite value(s) (e.g. "
             f"{value[where].item()} at {where}); every value, padding included, must be finite."
         )
     if any_non_positive:
@@ -246,13 +245,22 @@ def _check_values(what: str, label: str, value, mask, require_positive: bool) ->
         )
 
 
-def bad_weight_count(weights, mask):
-    """Device scalar: how many token weights are non-finite (anywhere) or <= 0 (on completion tokens). The trainer
-    reads it with its weight metrics (no host synchronisation of its own) and calls :func:`check_token_weights`,
-    which names the strategy and a bad value, when it is not 0."""
+def _invalid_values(value, mask, require_positive: bool):
+    """Boolean tensors of the values a strategy must not return: non-finite (anywhere, padding included) and, with
+    ``require_positive``, <= 0 on completion tokens."""
     import torch
 
-    return (~torch.isfinite(weights)).sum() + ((weights <= 0) & mask.bool()).sum()
+    non_finite = ~torch.isfinite(value)
+    non_positive = ((value <= 0) & mask.bool()) if require_positive else torch.zeros_like(non_finite)
+    return non_finite, non_positive
+
+
+def bad_weight_count(weights, mask):
+    """Device scalar: how many token weights :func:`check_token_weights` would refuse. The trainer reads it with its
+    weight metrics (no host synchronisation of its own) and calls :func:`check_token_weights`, which names the
+    strategy and a bad value, when it is not 0."""
+    non_finite, non_positive = _invalid_values(weights, mask, require_positive=True)
+    return non_finite.sum() + non_positive.sum()
 
 
 def check_token_weights(strategy: Any, strategy_names: list[str], weights: Any, logps, mask) -> None:
