@@ -98,8 +98,11 @@ def main(
     if search_args is not None and search_args.enabled:  # agentic search (README, Search): a retrieval server
         from accelerate import PartialState
 
+        from sharpgrpo.search.config import save_search_args
         from sharpgrpo.search.session import retrieval_session, search_rollout
 
+        if PartialState().is_main_process:  # the run's episode limits, for sharpgrpo.eval --task search_qa
+            save_search_args(search_args, training_args.output_dir)
         with retrieval_session(search_args, training_args.output_dir, PartialState().local_process_index) as client:
             return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
     return _main(task, training_args, model_args)

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sharpgrpo.validation import ConfigError, integer, one_of, positive, validate_fields
 
 RETRIEVERS = ("bm25", "dense")
+SEARCH_ARGS_JSON = "search_args.json"  # a run's SearchArguments, beside its training_args.json
 # What each option accepts (sharpgrpo.validation, the same layer as SharpGRPOConfig's FIELD_RULES).
 SEARCH_FIELD_RULES = {
     "retriever": one_of(*RETRIEVERS),
@@ -105,3 +109,12 @@ class SearchArguments:
     @property
     def enabled(self) -> bool:
         return bool(self.retrieval_url or self.retrieval_corpus)
+
+
+def save_search_args(search_args: SearchArguments, output_dir: str | Path) -> Path:
+    """Write ``search_args.json`` into the run's output folder: ``sharpgrpo.eval --task search_qa`` reads the episode
+    limits (``max_obs_tokens``, ``max_turn_tokens``) of the run from it."""
+    path = Path(output_dir) / SEARCH_ARGS_JSON
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(search_args), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path

@@ -30,7 +30,7 @@ def run_episode_limits(model: str) -> tuple[dict[str, int], str | None]:
     import json
     from pathlib import Path
 
-    from sharpgrpo.search.rollout import SEARCH_ARGS_JSON
+    from sharpgrpo.search.config import SEARCH_ARGS_JSON
     from sharpgrpo.tiny import resolve_model_name
 
     path = Path(resolve_model_name(model))

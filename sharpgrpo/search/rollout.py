@@ -138,9 +138,6 @@ def _observation_ids(tokenizer, passages: str, max_obs_tokens: int) -> list[int]
     return head_ids + encode(passages.strip())[:room] + tail_ids
 
 
-SEARCH_ARGS_JSON = "search_args.json"
-
-
 def _eos_list(tokenizer, eos_ids) -> list[int]:
     if eos_ids is None:
         eos_ids = tokenizer.eos_token_id
@@ -366,7 +363,6 @@ class SearchRolloutFunc:
                 return int(accelerator.gather(torch.tensor([value], device=accelerator.device)).max().item())
         else:
             sync_max = lambda value: value
-        self._save_search_args(trainer)
         eos_ids = getattr(trainer, "eos_token_ids", None)  # TRL: the tokenizer's EOS and the generation config's
         episodes = run_episodes(prompt_ids, backend, retrieve, trainer.processing_class, limits, sync_max, eos_ids)
 
@@ -391,24 +387,6 @@ class SearchRolloutFunc:
             "search_turns": [e.turns for e in episodes],
             "search_calls": [e.searches for e in episodes],
         }
-
-    def _save_search_args(self, trainer) -> None:
-        """``search_args.json`` in the run's output_dir (once): ``sharpgrpo.eval --task search_qa`` reads the episode
-        limits (max_obs_tokens, max_turn_tokens, ...) from it."""
-        if getattr(self, "_saved", False) or not trainer.is_world_process_zero():
-            return
-        import dataclasses
-        import json
-        import os
-
-        self._saved = True
-        try:
-            os.makedirs(trainer.args.output_dir, exist_ok=True)
-            values = dataclasses.asdict(self.search_args) if dataclasses.is_dataclass(self.search_args) else {}
-            with open(os.path.join(trainer.args.output_dir, SEARCH_ARGS_JSON), "w", encoding="utf-8") as handle:
-                json.dump(values, handle, indent=2, sort_keys=True, default=str)
-        except OSError:
-            pass
 
     @staticmethod
     def _backend(trainer) -> GenerationBackend:

@@ -70,6 +70,11 @@ def test_search_training_logs_metrics_masks_and_stops_server(tmp_path, search_mo
         assert (entry["search/latency_ms"] > 0) == (entry["search/calls_mean"] > 0)
     assert sum(entry["search/calls_mean"] for entry in logs) > 0
     assert not list((tmp_path / "run").glob("retrieval_server.*.port"))  # the server was stopped
+    # the episode limits the eval reads back (sharpgrpo.search.evaluation.run_episode_limits)
+    from sharpgrpo.search.evaluation import run_episode_limits
+
+    limits, source = run_episode_limits(str(tmp_path / "run"))
+    assert limits == {"max_obs_tokens": 24, "max_turn_tokens": 12} and source.endswith("search_args.json")
 
 
 def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
