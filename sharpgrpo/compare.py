@@ -636,15 +636,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _stop_signals_as_keyboard_interrupt() -> dict[int, Any]:
-    """Make SIGTERM and SIGHUP stop the comparison like Ctrl-C; return the previous handlers (none off the main
-    thread, where handlers cannot be set)."""
+    """Make SIGINT, SIGTERM and SIGHUP stop the comparison like Ctrl-C; return the previous handlers (none off the
+    main thread, where handlers cannot be set). SIGINT too: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then raises no KeyboardInterrupt for it (train.py's
+    own handler, sharpgrpo.lifecycle, is installed the same way)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
     def handler(signum, frame):
         raise KeyboardInterrupt
 
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
 def _validate_strategy_names(specs: list[StrategySpec], parser: argparse.ArgumentParser) -> None:
