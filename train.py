@@ -38,7 +38,7 @@ from sharpgrpo.run_output import (
 )
 from sharpgrpo.search.config import SearchArguments
 from sharpgrpo.tasks import register_tasks
-from sharpgrpo.tiny import resolve_model_name
+from sharpgrpo.prepared_models import resolve_model_name
 
 
 @dataclass

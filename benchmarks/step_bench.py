@@ -163,7 +163,8 @@ def parse_args(argv=None):
 # Setup
 # ----------------------------------------------------------------------------------------------------------------
 def build_model(args) -> Path:
-    from sharpgrpo.tiny import TINY_MODEL_VERSION, build_tiny_model, default_cache_dir
+    from sharpgrpo.prepared_models import default_cache_dir
+    from sharpgrpo.tiny import TINY_MODEL_VERSION, build_tiny_model
 
     directory = args.model_dir or default_cache_dir() / (
         f"bench-{args.architecture}-h{args.hidden_size}-l{args.num_layers}-w{args.warm_start_steps}"

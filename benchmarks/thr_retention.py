@@ -24,7 +24,7 @@ def main() -> None:
 
     from sharpgrpo.demo import demo_prompt
     from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
-    from sharpgrpo.tiny import resolve_model_name
+    from sharpgrpo.prepared_models import resolve_model_name
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sharpgrpo-tiny")

@@ -7,7 +7,7 @@ the ordinary ``AutoModelForCausalLM.from_pretrained(path)`` loads them, exactly 
 
 The name ``TINY_MODEL_NAME`` ("sharpgrpo-tiny") is accepted wherever a model name or path is expected by
 ``train.py`` and ``sharpgrpo.eval``: it resolves to a cached build under ``$SHARPGRPO_CACHE`` (default
-``~/.cache/sharpgrpo``).
+``~/.cache/sharpgrpo``), registered in :mod:`sharpgrpo.prepared_models`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from sharpgrpo.prepared_models import register_prepared_model
 
 TINY_MODEL_NAME = "sharpgrpo-tiny"
 TINY_MODEL_VERSION = 2  # bump when the build changes, so cached builds are not reused
@@ -27,10 +29,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SHARPGRPO_CACHE", Path.home() / ".cache" / "sharpgrpo"))
 
 
 def build_tokenizer():
@@ -144,13 +142,6 @@ def _supervised_warm_start(model, tokenizer, texts, steps: int, batch_size: int 
     model.eval()
 
 
-def resolve_model_name(name_or_path: str) -> str:
-    """Map ``TINY_MODEL_NAME`` (and ``sharpgrpo-tiny-search``, :mod:`sharpgrpo.search.tiny`) to a built local
-    directory; anything else is returned unchanged."""
-    if name_or_path == "sharpgrpo-tiny-search":
-        from sharpgrpo.search.tiny import resolve_search_model_name
-
-        return resolve_search_model_name(name_or_path)
-    if name_or_path != TINY_MODEL_NAME:
-        return name_or_path
-    return str(build_tiny_model(default_cache_dir() / f"tiny-qwen2-v{TINY_MODEL_VERSION}"))
+@register_prepared_model(TINY_MODEL_NAME)
+def prepare_tiny_model(cache_dir: Path) -> Path:
+    return build_tiny_model(cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}")

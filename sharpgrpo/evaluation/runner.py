@@ -190,7 +190,7 @@ def _model_max_length(path: Path) -> int | None:
 def default_max_new_tokens(model: str) -> tuple[int, str]:
     """``(budget, where it comes from)``: the run's ``max_completion_length`` from ``training_args.json`` in the
     model folder or, for a ``checkpoint-N``, its run folder; else 4096; capped by the model's maximum length."""
-    from sharpgrpo.tiny import resolve_model_name
+    from sharpgrpo.prepared_models import resolve_model_name
 
     path = Path(resolve_model_name(model))
     budget, source = PAPERS_MAX_NEW_TOKENS, f"the papers' {PAPERS_MAX_NEW_TOKENS}"

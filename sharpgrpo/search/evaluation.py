@@ -31,7 +31,7 @@ def run_episode_limits(model: str) -> tuple[dict[str, int], str | None]:
     from pathlib import Path
 
     from sharpgrpo.search.config import SEARCH_ARGS_JSON
-    from sharpgrpo.tiny import resolve_model_name
+    from sharpgrpo.prepared_models import resolve_model_name
 
     path = Path(resolve_model_name(model))
     for folder in (path, path.parent):

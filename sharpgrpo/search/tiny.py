@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from sharpgrpo.prepared_models import register_prepared_model
+
 from sharpgrpo.search.format import INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_OPEN, information_block, make_prompt
 
 TINY_SEARCH_NAME = "sharpgrpo-tiny-search"
@@ -105,10 +107,6 @@ def _warm_start(model, tokenizer, optimizer, rng, warm_start_steps, batch_size, 
         optimizer.zero_grad()
 
 
-def resolve_search_model_name(name_or_path: str) -> str:
-    """``sharpgrpo-tiny-search`` -> its cached build; anything else unchanged."""
-    if name_or_path != TINY_SEARCH_NAME:
-        return name_or_path
-    from sharpgrpo.tiny import default_cache_dir
-
-    return str(build_tiny_search_model(default_cache_dir() / f"tiny-search-qwen2-v{TINY_SEARCH_VERSION}"))
+@register_prepared_model(TINY_SEARCH_NAME)
+def prepare_tiny_search_model(cache_dir: Path) -> Path:
+    return build_tiny_search_model(cache_dir / f"tiny-search-qwen2-v{TINY_SEARCH_VERSION}")
