@@ -90,3 +90,77 @@ def weighted_policy_surrogate(
     if weights is not None and placement == "loss":
         per_token_loss = weights * per_token_loss
     return per_token_loss, surrogate_ratio
+
+
+def log_importance_weights(
+    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """log r at TRL's ``importance_sampling_level``: ``token`` (B, T); ``sequence`` (B, 1), the masked mean of the
+    token log-ratios (GSPO); ``sequence_token`` (B, T), GSPO-token: the sequence ratio's value with each token's
+    gradient, so token advantages still act."""
+    log_ratio = per_token_logps - old_per_token_logps
+    if level == "token":
+        return log_ratio
+    sequence_log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    if level == "sequence":
+        return sequence_log_ratio
+    return sequence_log_ratio.detach() + per_token_logps - per_token_logps.detach()
+
+
+def kl_penalty(
+    ref_per_token_logps: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    weights: torch.Tensor | None,
+    kl_weighting: str,
+    ratio: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref), pref/p - log(pref/p) - 1, with the token weight placed by
+    ``kl_weighting``: ``loss`` w * k3 (GRPO-SG Lemma 3.4: the gradient carries beta * w), ``inside`` k3 of
+    w * pref / p (TR-GRPO Eq. 11), ``none`` k3 unweighted. ``ratio`` (TRL's ``use_bias_correction_kl``) multiplies the
+    estimate by the importance ratio. (B, T) -> (B, T)."""
+    ref_logp_minus_logp = ref_per_token_logps - per_token_logps
+    if weights is not None and kl_weighting == "inside":
+        ref_logp_minus_logp = ref_logp_minus_logp + torch.log(weights)
+    per_token_kl = torch.exp(ref_logp_minus_logp) - ref_logp_minus_logp - 1
+    if weights is not None and kl_weighting == "loss":
+        per_token_kl = weights * per_token_kl
+    if ratio is not None:
+        per_token_kl = per_token_kl * ratio
+    return per_token_kl
+
+
+# Loss types normalised by the tokens of the whole accumulation window (TRL's `num_items_in_batch`).
+WINDOW_NORMALISED_LOSS_TYPES = ("dapo", "cispo", "vespo")
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    *,
+    accumulation_steps: float,
+    window_tokens: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch's scalar loss from its per-token loss (B, T), aggregated as TRL 1.16's ``loss_type`` does.
+
+    ``grpo``/``sapo``: mean over each sequence's tokens, then over sequences; ``bnpo``: mean over the micro-batch's
+    tokens; ``dr_grpo``: sum / (sequences x ``max_completion_length``); ``luspo``: each sequence's sum, mean over
+    sequences; ``dapo``/``cispo``/``vespo``: sum / ``window_tokens`` (this process's share of the loss tokens of the
+    accumulation window). The per-micro-batch types are divided by ``accumulation_steps`` (the window types are
+    already normalised per window). Returns (loss to back-propagate, the policy loss before that division).
+    """
+    if loss_type in ("grpo", "sapo"):
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    elif loss_type == "luspo":  # each sequence's loss times its length
+        loss = (per_token_loss * mask).sum(-1).mean()
+    elif loss_type in WINDOW_NORMALISED_LOSS_TYPES:
+        loss = (per_token_loss * mask).sum() / window_tokens
+        return loss, loss.detach()
+    else:  # refused by SharpGRPOConfig; kept so that a future loss type cannot pass silently
+        raise ValueError(f"Unsupported loss type: {loss_type}")
+    return loss / accumulation_steps, loss.detach()

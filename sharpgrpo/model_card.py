@@ -100,3 +100,37 @@ def strategy_card_section(args) -> str:
     lines += ["", f"Loss type `{args.loss_type}`, beta `{args.beta}`, "
               f"importance sampling level `{args.importance_sampling_level}`.", ""]
     return "\n".join(lines)
+
+
+def write_model_card(trainer, parent_create_model_card, model_name=None, dataset_name=None, tags=None,
+                     base_model: str | None = None) -> None:
+    """TRL's model card (``parent_create_model_card``), plus a section naming the strategies, their parameters and
+    papers.
+
+    Before the Hub repository exists (``push_to_hub=False``, or offline) TRL's card says "None" for the model name
+    and repository; here they default to ``hub_model_id`` (else the output folder's name), as TRL's own checkpoint
+    cards do. ``base_model`` (e.g. ``train.py``'s ``model_name_or_path``) names the base model where TRL sees only a
+    local folder; only hub ids are linked, and a local or registered dataset name is not linked to the Hub. The
+    citation block holds BibTeX entries of the strategies' papers."""
+    args = trainer.args
+    if model_name is None:
+        model_name = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
+        model_name = model_name.split("/")[-1]
+    created_repo_id = trainer.hub_model_id
+    trainer.hub_model_id = created_repo_id or args.hub_model_id  # only for the card: push_to_hub still creates
+    paper = trainer._paper
+    trainer._paper = {**paper, "citation": strategies_bibtex(args.strategies) or paper.get("citation")}
+    try:
+        parent_create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+    finally:
+        trainer.hub_model_id = created_repo_id
+        trainer._paper = paper
+    if not trainer.is_world_process_zero():
+        return
+    path = os.path.join(args.output_dir, "README.md")
+    with open(path, encoding="utf-8") as card:
+        text = card.read()
+    repo_id = trainer.hub_model_id or args.hub_model_id
+    text = fix_card_links(text, base_model or trainer.base_model_name, dataset_name, repo_id, args.output_dir)
+    with open(path, "w", encoding="utf-8") as card:
+        card.write(text + "\n" + strategy_card_section(args))

@@ -133,7 +133,7 @@ def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
     """On-policy `ar` as a loss factor from the loss's own log-probabilities equals AR applied at generation with
     old log-probabilities from a forward (loss and gradients)."""
     trainer = make_trainer(tiny_model_path, tmp_path, strategies=["passk_mixed", "ar"], passk_k=2)
-    assert trainer._folded_ar() is trainer.advantage_strategies[-1]
+    assert trainer._folded_strategy() is trainer.advantage_strategies[-1]
     inputs = generate(trainer, capture=True)
     advantages = inputs["advantages"]
     assert torch.equal(advantages, advantages[:, :1].expand_as(advantages))  # ar is left to the loss
@@ -144,7 +144,7 @@ def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
 
     def loss_and_grads(batch, fold):
         trainer.model.zero_grad()
-        trainer._folded_ar = (lambda: trainer.advantage_strategies[-1]) if fold else (lambda: None)
+        trainer._folded_strategy = (lambda: trainer.advantage_strategies[-1]) if fold else (lambda: None)
         loss = trainer._compute_loss(trainer.model, batch)
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]

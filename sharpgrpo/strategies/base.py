@@ -100,6 +100,12 @@ class AdvantageStrategy:
     needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
     needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
     needs_correctness: ClassVar[bool] = False  # fill GenerationBatch.correct (runs the answer checks)
+    # A strategy whose output is a per-token factor of the sampling probabilities alone (AR) may be applied inside the
+    # loss instead, from the loss's own detached log-probabilities, when training is on-policy (they equal p_old) and
+    # it is last in the list: the factor f > 0 commutes with min/clip, so the loss is exactly equal and no
+    # log-probabilities are computed at generation. Such a strategy implements ``loss_factor``.
+    folds_into_loss: ClassVar[bool] = False
+    loss_factor_metric: ClassVar[str] = ""  # the metric the loss logs for the factor's masked mean
 
     def __init__(self, args: Any):
         self.args = args
@@ -107,6 +113,16 @@ class AdvantageStrategy:
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Whole groups -> ((B, T) token advantages, metrics averaged over the batch)."""
         raise NotImplementedError
+
+    def loss_factor(self, logps: torch.Tensor) -> torch.Tensor:
+        """(B, T) detached on-policy log-probabilities -> (B, T) factor of the token advantages
+        (``folds_into_loss`` strategies only)."""
+        raise NotImplementedError
+
+    def token_scores(self) -> torch.Tensor | None:
+        """(B, T) per-token scores behind the last ``token_advantages`` call (e.g. THR's influence scores), written
+        out for inspection by ``thr_debug_dump``; None for strategies without such scores."""
+        return None
 
     def state_dict(self) -> dict:
         return {}

@@ -145,6 +145,12 @@ class RandomWeights(TokenWeightStrategy):
 class ARTokenAdvantages(AdvantageStrategy):
     """AR-Lopti token advantages from the sampling policy's probabilities (ar_alpha, default 0.3)."""
 
+    folds_into_loss = True
+    loss_factor_metric = "ar/factor_mean"
+
+    def loss_factor(self, logps: torch.Tensor) -> torch.Tensor:
+        return ar_token_advantages(logps.exp(), 1.0, self.args.ar_alpha)
+
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         factor_mask = batch.completion_mask.bool()
         advantages = ar_token_advantages(batch.old_logps.exp(), batch.advantages, self.args.ar_alpha)

@@ -508,6 +508,9 @@ class _HiddenRewardStrategy(AdvantageStrategy):
         self.last_scores: torch.Tensor | None = None
         self.last_tau: list[float] = []
 
+    def token_scores(self) -> torch.Tensor | None:
+        return self.last_scores
+
     def _need_entropy(self) -> bool:
         return False
 

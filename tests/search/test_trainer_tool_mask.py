@@ -5,6 +5,8 @@ change any advantage of the model's own tokens. Fails if the trainer passed ``co
 import pytest
 import torch
 
+from sharpgrpo.advantage_pipeline import GenerationRecord
+
 B, G, T = 8, 4, 10
 
 
@@ -45,9 +47,9 @@ def batch(trainer, seed, tool_values_seed):
     rewards = torch.tensor([1.0, 0, 0, 1, 0, 1, 1, 0])
     groups = rewards.view(-1, G)
     advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
-    trainer._last_rewards_per_func = rewards[:, None]
-    trainer._last_answer_verdicts = None
-    trainer._generation_captured = {"hidden": hidden_states, "logps": logps}
+    trainer._generation = GenerationRecord(
+        rewards_per_func=rewards[:, None], answer_verdicts=None, captured={"hidden": hidden_states, "logps": logps}
+    )
     output = dict(
         prompt_ids=torch.ones(B, 3, dtype=torch.long), prompt_mask=torch.ones(B, 3, dtype=torch.long),
         completion_ids=ids, completion_mask=completion_mask, tool_mask=tool_mask, advantages=advantages,

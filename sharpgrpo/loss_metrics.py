@@ -1,0 +1,98 @@
+"""The loss's metrics, reduced over processes like TRL's: one value per micro-batch, averaged at logging time.
+
+Pure functions of tensors plus the accelerator that reduces them and the metric lists they append to (the trainer's
+``self._metrics[mode]``). TRL's own names and definitions stay (``kl``, ``entropy``, ``clip_ratio/*``,
+``cispo_clip_ratio``, ``vespo/phi_seq_mean``); ``token_weight/*`` describe the weight strategy's w.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES
+
+
+def global_masked_mean(accelerator, values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of ``values`` (B, T) over ``mask`` on every process, or of (B, 1) per-sequence values over sequences."""
+    if values.shape[1] == 1:  # one value per sequence
+        local = torch.stack([values.sum(), torch.tensor(float(values.shape[0]), device=values.device)])
+    else:
+        local = torch.stack([(values * mask).sum(), mask.sum().float()])
+    totals = accelerator.reduce(local, reduction="sum")
+    return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+
+def log_loss_metrics(accelerator, metrics, loss_type, epsilon_low, epsilon_high, mask, entropies, coef_1,
+                     advantages, per_token_kl, phi_seq=None) -> None:
+    """TRL's own metric names and definitions (kl, entropy, clip_ratio/*, cispo_clip_ratio, vespo/phi_seq_mean),
+    computed on the unweighted ratio ``coef_1``."""
+    from trl.trainer.utils import nanmax, nanmin
+
+    if per_token_kl is not None:
+        metrics["kl"].append(global_masked_mean(accelerator, per_token_kl, mask))
+    metrics["entropy"].append(global_masked_mean(accelerator, entropies, mask))
+    if loss_type == "cispo":
+        is_clipped = ((coef_1 > epsilon_high) & (advantages > 0)).float()
+        metrics["cispo_clip_ratio"].append(global_masked_mean(accelerator, is_clipped, mask))
+    if loss_type == "vespo":
+        metrics["vespo/phi_seq_mean"].append(global_masked_mean(accelerator, phi_seq, mask))
+    if loss_type not in PPO_CLIP_LOSS_TYPES:
+        return
+    is_low = ((coef_1 < 1 - epsilon_low) & (advantages < 0)).float()
+    is_high = ((coef_1 > 1 + epsilon_high) & (advantages > 0)).float()
+    metrics["clip_ratio/low_mean"].append(global_masked_mean(accelerator, is_low, mask))
+    metrics["clip_ratio/high_mean"].append(global_masked_mean(accelerator, is_high, mask))
+    metrics["clip_ratio/region_mean"].append(global_masked_mean(accelerator, torch.maximum(is_low, is_high), mask))
+
+    def per_sequence(x):
+        return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+    metrics["clip_ratio/low_min"].append(nanmin(accelerator.gather(per_sequence(is_low))).item())
+    metrics["clip_ratio/high_max"].append(nanmax(accelerator.gather(per_sequence(is_high))).item())
+
+
+def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, mask, weights, surrogate_ratio,
+                       advantages, bad_weights=None) -> int:
+    """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off
+    (``surrogate_ratio`` is None for surrogates without PPO's clip, which switch no token off: logged as 0).
+    ``bounds`` is the strategy's (lower, upper). Returns ``bad_weights`` (the output checker's device count of
+    invalid weights), read in the same host synchronisation as the metrics."""
+    valid = mask.bool()
+    w = weights.float()
+    count = valid.sum().float()
+    lower, upper = bounds
+    at_lower = (w <= lower + 1e-6).float()
+    at_upper = (w >= upper - 1e-6).float()
+    # A token gets no policy gradient when min() picks the clipped branch and the clip is active.
+    grad_clipped = torch.zeros_like(w)
+    if surrogate_ratio is not None:
+        grad_clipped = (
+            ((surrogate_ratio > 1 + epsilon_high) & (advantages > 0))
+            | ((surrogate_ratio < 1 - epsilon_low) & (advantages < 0))
+        ).float()
+    local = torch.stack(
+        [
+            (w * mask).sum(),
+            (w * w * mask).sum(),
+            count,
+            (at_lower * mask).sum(),
+            (at_upper * mask).sum(),
+            (grad_clipped.expand_as(w) * mask).sum(),
+        ]
+    )
+    totals = accelerator.reduce(local, reduction="sum")
+    n = totals[2].clamp(min=1.0)
+    mean = totals[0] / n
+    # With no valid token the extremes are +inf and -inf, which the min over processes ignores.
+    local_extremes = torch.stack([w.masked_fill(~valid, float("inf")).min(),
+                                  -w.masked_fill(~valid, float("-inf")).max()])
+    extremes = accelerator.gather(local_extremes.unsqueeze(0)).min(dim=0).values
+    zero = mean.new_zeros(())
+    values = torch.stack([  # read with one host synchronisation
+        mean, (totals[1] / n - mean * mean).clamp(min=0.0).sqrt(), extremes[0], -extremes[1],
+        totals[3] / n, totals[4] / n, totals[5] / n, zero if bad_weights is None else bad_weights.float(),
+    ]).tolist()
+    names = ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper", "frac_grad_clipped")
+    for name, value in zip(names, values[:-1], strict=True):
+        metrics[f"token_weight/{name}"].append(value)
+    return int(values[-1])

@@ -1,0 +1,98 @@
+"""What advantage strategies read from the policy besides TRL's generation batch: the sampling log-probabilities,
+the last hidden states at the positions that predict each completion token, and the LM head (unembedding).
+
+Each is taken from the cheapest source available, in this order: TRL's own ``old_per_token_logps``; the values
+read from transformers' decoding steps (`sharpgrpo.generation_capture`); vLLM's sampling log-probabilities; the
+hidden states THR already computed (through the unembedding); a no-grad forward. Functions of the model and the
+batch only: no trainer state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sharpgrpo.generation_capture import logps_from_hidden_states
+
+
+def prompt_completion(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids and attention mask of the prompts followed by their completions (TRL's batch layout)."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    return input_ids, attention_mask
+
+
+def causal_lm(accelerator, model):
+    """The bare causal LM under accelerate's wrappers and a peft adapter."""
+    model = accelerator.unwrap_model(model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@torch.no_grad()
+def completion_hidden_states(lm, output: dict[str, Any], rows_per_chunk: int) -> torch.Tensor:
+    """(B, T, H) last-layer hidden states at the positions that predict each completion token.
+
+    TRL's forward returns neither hidden states nor full logits, so the backbone runs here (no gradient, in chunks
+    of ``rows_per_chunk`` rows).
+    """
+    backbone = getattr(lm, lm.base_model_prefix)
+    input_ids, attention_mask = prompt_completion(output)
+    length = output["completion_ids"].size(1)
+    chunks = []
+    for start in range(0, input_ids.size(0), rows_per_chunk):
+        hidden = backbone(
+            input_ids=input_ids[start : start + rows_per_chunk],
+            attention_mask=attention_mask[start : start + rows_per_chunk],
+        ).last_hidden_state
+        chunks.append(hidden[:, -length - 1 : -1])
+    return torch.cat(chunks, dim=0)
+
+
+@contextlib.contextmanager
+def full_unembedding(lm, zero3: bool, needed: bool = True):
+    """Yield the LM head's (weight (V, H), bias (V,) or None), whole for the duration of the block.
+
+    Under DeepSpeed ZeRO-3 (``zero3``) a parameter outside its module's forward is an empty placeholder (shape
+    (0,)), so the head is gathered (read-only) on every process; all processes must enter the block together.
+    """
+    if not needed:
+        yield None, None
+        return
+    head = lm.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if zero3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for p in (weight, bias) if p is not None], modifier_rank=None):
+            yield weight, bias
+    else:
+        yield weight, bias
+
+
+def strategy_old_logps(
+    output: dict[str, Any],
+    captured: dict[str, torch.Tensor],
+    hidden_states: torch.Tensor | None,
+    unembedding: Callable[[], contextlib.AbstractContextManager],
+    forward_logps: Callable[[dict[str, Any]], torch.Tensor],
+    temperature: float,
+    rows_per_chunk: int,
+) -> torch.Tensor | None:
+    """The sampling policy's log-probabilities (B, T) for strategies that set ``needs_old_logps``, from the
+    cheapest source (module docstring); ``forward_logps(output)`` is the fallback forward."""
+    old_logps = output.get("old_per_token_logps")
+    if old_logps is not None:
+        return old_logps
+    sampling = output.get("sampling_per_token_logps")  # vLLM's own log-probabilities
+    if "logps" in captured:
+        return captured["logps"]
+    if sampling is not None and not bool(torch.isnan(sampling).any()):
+        return sampling
+    if hidden_states is not None:  # the backbone forward THR ran serves the log-probabilities too
+        with unembedding() as (weight, bias):
+            return logps_from_hidden_states(hidden_states, output["completion_ids"], weight, bias, temperature,
+                                            rows_per_chunk)
+    return forward_logps(output)
