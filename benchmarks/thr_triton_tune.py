@@ -123,9 +123,9 @@ def main(argv=None):
     DTYPE = getattr(torch, args.dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: TRITON_INTERPRET=1 dry run
     n = args.G * args.length
-    from sharpgrpo.strategies.thr import _slice_width
+    from sharpgrpo.strategies.thr_vocab import slice_width
 
-    cols = _slice_width(args.chunk_size, args.vocab, n)  # the width of the fused score's vocabulary tiles
+    cols = slice_width(args.chunk_size, args.vocab, n)  # the width of the fused score's vocabulary tiles
     h, w, s, ids = random_tile(n, cols, args.hidden, args.vocab, device, seed=1)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{name}; tile: N={n} x {cols} columns, H={args.hidden}, {args.dtype}", flush=True)

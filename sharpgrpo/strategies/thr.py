@@ -43,6 +43,17 @@ import torch
 
 from sharpgrpo.correctness import batch_correct
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
+from sharpgrpo.strategies import thr_kernels
+from sharpgrpo.strategies.thr_vocab import (
+    factored_flops,
+    log_normalizer,
+    matmul_fp32,
+    pairwise_is_cheaper,
+    prediction_errors,
+    rowdot,
+    sequence_s_matrices,
+    slice_width,
+)
 
 VOCAB_MODES = ("full", "sampled")
 SCORE_METHODS = ("auto", "fused", "factored", "pairwise")
@@ -77,97 +88,6 @@ def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
     for count in counts.tolist():
         yield slice(start, start + count)
         start += count
-
-
-def _matmul(a: torch.Tensor, b: torch.Tensor, matmul_dtype: torch.dtype | None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 result of ``a @ b`` (written into the fp32 ``out`` when given). ``matmul_dtype=None``: fp32 inputs (TF32
-    on CUDA when the user enabled it with ``torch.backends.cuda.matmul.allow_tf32``); ``torch.bfloat16``: bf16
-    inputs, fp32 accumulation and, on CUDA, fp32 output (``out_dtype``) where the installed torch supports it."""
-    if matmul_dtype is None or matmul_dtype == torch.float32:
-        return torch.mm(a.float(), b.float(), out=out) if out is not None else a.float() @ b.float()
-    a, b = a.to(matmul_dtype), b.to(matmul_dtype)
-    result = None
-    if a.is_cuda:
-        try:
-            result = torch.mm(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError):
-            result = None
-    if result is None:
-        result = (a @ b).float()
-    return out.copy_(result) if out is not None else result
-
-
-def _rowdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(N, C), (N, C) -> (N,) row-wise dot products without an (N, C) temporary."""
-    return torch.bmm(x.unsqueeze(1), y.unsqueeze(2)).view(-1)
-
-
-def _logits(h, weight, bias, temperature, matmul_dtype):
-    """Temperature-scaled logits (N, Vc) fp32 of hidden states h (N, H) against unembedding rows weight (Vc, H)."""
-    z = _matmul(h, weight.T, matmul_dtype)
-    if bias is not None:
-        z += bias.float()
-    if temperature != 1.0:
-        z *= 1.0 / temperature
-    return z
-
-
-def _slice_width(chunk_size: int, vocab_size: int, num_tokens: int) -> int:
-    """Vocabulary slice width so that an (N, width) temporary holds at most chunk_size * V elements."""
-    width = max(1, min(vocab_size, (chunk_size * vocab_size) // max(num_tokens, 1)))
-    if width >= 1024 and width < vocab_size:
-        width -= width % 128  # matmul-friendly tile edge
-    return width
-
-
-def _log_normalizer(h, weight, bias, temperature, width, ids, with_entropy, matmul_dtype):
-    """One online pass over the full vocabulary. h (N, H), weight (V, H), ids (N,) ->
-    lse (N,), 1 - q(y) (N,), entropy (N,) or None.
-
-    ``1 - q(y)`` is accumulated as the mass of the other tokens (not as 1 - exp(z_y - lse), which loses every digit
-    when q(y) is close to 1)."""
-    num_tokens = h.shape[0]
-    running_max = torch.full((num_tokens,), -math.inf, device=h.device)
-    other_mass = torch.zeros(num_tokens, device=h.device)  # sum_{v != y} exp(z_v - running_max)
-    own_mass = torch.zeros(num_tokens, device=h.device)  # exp(z_y - running_max)
-    weighted = torch.zeros(num_tokens, device=h.device) if with_entropy else None  # sum_v exp(z_v - max) z_v
-    for start in range(0, weight.shape[0], width):
-        stop = min(start + width, weight.shape[0])
-        z = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
-        new_max = torch.maximum(running_max, z.amax(dim=1))
-        rescale = torch.exp(running_max - new_max)
-        e = torch.exp(z - new_max[:, None])
-        hit = ((ids >= start) & (ids < stop)).nonzero().flatten()
-        own_slice = torch.zeros(num_tokens, device=h.device)
-        own_logit = torch.zeros(num_tokens, device=h.device)
-        if hit.numel():
-            columns = ids[hit] - start
-            own_slice[hit] = e[hit, columns]
-            own_logit[hit] = z[hit, columns]
-            e[hit, columns] = 0.0
-        other_mass = other_mass * rescale + e.sum(dim=1)
-        own_mass = own_mass * rescale + own_slice
-        if with_entropy:
-            weighted = weighted * rescale + _rowdot(e, z) + own_slice * own_logit
-        running_max = new_max
-    total = other_mass + own_mass
-    lse = running_max + torch.log(total)
-    entropy = lse - weighted / total if with_entropy else None
-    return lse, other_mass / total, entropy
-
-
-def _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype):
-    """Slice [start, stop) of d_b = e_{y_b} - q_b for all tokens: (N, stop - start) fp32.
-
-    ``sub_ids`` (N,) are the tokens' ids in the (possibly restricted) vocabulary; their one-hot entries are set to
-    ``1 - q_b(y_b)`` from :func:`_log_normalizer` (accurate when q_b(y_b) is close to 1)."""
-    d = _logits(h, weight[start:stop], None if bias is None else bias[start:stop], temperature, matmul_dtype)
-    d.sub_(lse[:, None]).exp_().neg_()
-    hit = ((sub_ids >= start) & (sub_ids < stop)).nonzero().flatten()
-    if hit.numel():
-        d[hit, sub_ids[hit] - start] = one_minus_q_y[hit]
-    return d
 
 
 @torch.no_grad()
@@ -238,19 +158,18 @@ def token_hidden_reward_scores(
     num_pos = int(valid[positive].sum())
 
     vocab_size = unembedding_weight.shape[0]
-    width = _slice_width(chunk_size, vocab_size, num_tokens)
+    width = slice_width(chunk_size, vocab_size, num_tokens)
     hidden_dtype = torch.float32 if matmul_dtype is None else matmul_dtype
     h = hidden.reshape(num_rows * length, hidden_size)[flat_index].to(hidden_dtype)
     ids = completion_ids.reshape(-1)[flat_index].long()
 
     scores_flat = torch.zeros(num_tokens, device=device)
-    from sharpgrpo.strategies.thr_kernels import fused_factored_sums, use_fused
-
-    fused = num_pos > 0 and use_fused(method, vocab, num_tokens, num_pos, hidden_size, vocab_size, chunk_size)
+    fused = num_pos > 0 and thr_kernels.use_fused(method, vocab, num_tokens, num_pos, hidden_size, vocab_size,
+                                                  chunk_size)
     need_lse = (num_pos > 0 or compute_entropy) and not fused
     lse = entropy = one_minus_q_y = None
     if num_tokens and need_lse:
-        lse, one_minus_q_y, entropy = _log_normalizer(h, unembedding_weight, unembedding_bias, temperature, width,
+        lse, one_minus_q_y, entropy = log_normalizer(h, unembedding_weight, unembedding_bias, temperature, width,
                                                       ids, compute_entropy, matmul_dtype)
 
     if num_pos > 0:
@@ -264,16 +183,15 @@ def token_hidden_reward_scores(
         pos_rows, pos_counts = torch.unique_consecutive(token_row[:num_pos], return_counts=True)
         seq_weight = (1.0 / lengths[pos_rows]) if length_normalized else torch.ones(len(pos_rows), device=device)
 
-        sub_vocab = weight.shape[0]
-        flops_factored = 2 * sub_vocab * hidden_size * (2 * num_tokens + num_pos)
-        flops_pairwise = 2 * sub_vocab * num_tokens * (hidden_size + num_pos) + 2 * num_pos * num_tokens * hidden_size
         chosen = "fused" if fused else method
         if chosen == "auto":
-            fits = num_pos * num_tokens <= chunk_size * vocab_size
-            chosen = "pairwise" if (fits and flops_pairwise < flops_factored) else "factored"
+            factored = factored_flops(weight.shape[0], hidden_size, num_tokens, num_pos)
+            cheaper = pairwise_is_cheaper(factored, weight.shape[0], hidden_size, num_tokens, num_pos, chunk_size,
+                                          vocab_size)
+            chosen = "pairwise" if cheaper else "factored"
         common = (h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, matmul_dtype)
         if chosen == "fused":  # sharpgrpo/strategies/thr_kernels.py
-            scores_flat, seq_sums, entropy = fused_factored_sums(
+            scores_flat, seq_sums, entropy = thr_kernels.fused_factored_sums(
                 h, weight, bias, temperature, ids, pos_counts.tolist(), seq_weight, length_normalized, chunk_size,
                 compute_entropy, matmul_dtype)
         elif chosen == "pairwise":
@@ -320,19 +238,10 @@ def _factored_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, ma
         bounds.append(bounds[-1] + n)
     for start in range(0, weight.shape[0], width):
         stop = min(start + width, weight.shape[0])
-        d = _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
-        s_all = torch.empty(len(seq_lengths), stop - start, h.shape[1], device=h.device)  # (|P|, Vc, H)
-        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-            _matmul(d[lo:hi].T, h[lo:hi], matmul_dtype, out=s_all[i])
-        s_one = s_all.sum(dim=0)
-        if weighted_differs:
-            s_w = torch.zeros_like(s_one)
-            for i, w in enumerate(weights):
-                s_w.add_(s_all[i], alpha=w)
-        else:
-            s_w = s_one
-        weighted += _rowdot(_matmul(h, s_w.T, matmul_dtype), d)
-        seq_sums += s_all.view(len(seq_lengths), -1) @ s_one.view(-1)
+        d = prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
+        s_w, seq_sums_tile = sequence_s_matrices(d, h, bounds, weights, weighted_differs, matmul_dtype)
+        weighted += rowdot(matmul_fp32(h, s_w.T, matmul_dtype), d)
+        seq_sums += seq_sums_tile
     return weighted, seq_sums
 
 
@@ -344,13 +253,13 @@ def _pairwise_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, ma
     alpha = torch.zeros(num_pos, num_tokens, device=h.device)
     for start in range(0, weight.shape[0], width):
         stop = min(start + width, weight.shape[0])
-        d = _prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
-        alpha += _matmul(d[:num_pos], d.T, matmul_dtype)
+        d = prediction_errors(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, start, stop, matmul_dtype)
+        alpha += matmul_fp32(d[:num_pos], d.T, matmul_dtype)
     weighted = torch.zeros(num_tokens, device=h.device)
     unweighted = torch.zeros(num_pos, device=h.device)
     for row in range(0, num_pos, chunk_size):
         rows = slice(row, min(row + chunk_size, num_pos))
-        tile = alpha[rows].mul_(_matmul(h[rows], h.T, matmul_dtype))  # alpha * <h_a, h_b>
+        tile = alpha[rows].mul_(matmul_fp32(h[rows], h.T, matmul_dtype))  # alpha * <h_a, h_b>
         weighted += pos_weight[rows] @ tile
         unweighted += tile[:, :num_pos].sum(dim=0)
     return weighted, unweighted

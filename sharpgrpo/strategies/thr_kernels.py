@@ -41,6 +41,17 @@ import warnings
 
 import torch
 
+from sharpgrpo.strategies.thr_vocab import (
+    fused_flops,
+    log_normalizer,
+    matmul_fp32,
+    pairwise_is_cheaper,
+    rowdot,
+    scaled_logits,
+    sequence_s_matrices,
+    slice_width,
+)
+
 
 def use_fused(method: str, vocab: str, num_tokens: int, num_pos: int, hidden_size: int, vocab_size: int,
               chunk_size: int) -> bool:
@@ -53,10 +64,8 @@ def use_fused(method: str, vocab: str, num_tokens: int, num_pos: int, hidden_siz
         return True
     if method != "auto" or vocab != "full" or num_pos == 0:
         return False
-    flops_fused = 2 * vocab_size * hidden_size * (2 * num_tokens + 2 * num_pos)
-    flops_pairwise = 2 * vocab_size * num_tokens * (hidden_size + num_pos) + 2 * num_pos * num_tokens * hidden_size
-    fits = num_pos * num_tokens <= chunk_size * vocab_size
-    return not (fits and flops_pairwise < flops_fused)
+    fused = fused_flops(vocab_size, hidden_size, num_tokens, num_pos)
+    return not pairwise_is_cheaper(fused, vocab_size, hidden_size, num_tokens, num_pos, chunk_size, vocab_size)
 
 
 # "auto" by default: Triton on CUDA where it is installed (checked on an H100: agreement with the torch path and the
@@ -108,12 +117,10 @@ def _fused_factored_sums(
     entropy (N,) or None), all float32: ``weighted_b = sum_{a in P} w_a alpha(a, b) <h_a, h_b>`` (unsigned),
     ``seq_sums_i' = <S_1, S_i'>_F`` (the threshold's unweighted per-completion sums) and the entropy of q_b.
     """
-    from sharpgrpo.strategies.thr import _log_normalizer, _logits, _matmul, _rowdot, _slice_width
-
     num_tokens, device = h.shape[0], h.device
     num_pos = sum(seq_lengths)
     vocab_size = weight.shape[0]
-    width = _slice_width(chunk_size, vocab_size, num_tokens)
+    width = slice_width(chunk_size, vocab_size, num_tokens)
     width = min(width, max(1, (chunk_size * vocab_size) // (len(seq_lengths) * h.shape[1])))
 
     # pass 1: P-tokens' normalisers (their rows of S need q before any token is scored)
@@ -123,8 +130,8 @@ def _fused_factored_sums(
         total_pos = stats[1] + stats[2]
         lse_pos, one_minus_q_pos = stats[0] + torch.log(total_pos), stats[1] / total_pos
     else:
-        lse_pos, one_minus_q_pos, _ = _log_normalizer(h[:num_pos], weight, bias, temperature,
-                                                      _slice_width(chunk_size, vocab_size, num_pos), ids[:num_pos],
+        lse_pos, one_minus_q_pos, _ = log_normalizer(h[:num_pos], weight, bias, temperature,
+                                                      slice_width(chunk_size, vocab_size, num_pos), ids[:num_pos],
                                                       False, matmul_dtype)
     bounds = [0]
     for n in seq_lengths:
@@ -141,7 +148,7 @@ def _fused_factored_sums(
     for start in range(0, vocab_size, width):
         stop = min(start + width, vocab_size)
         bias_tile = None if bias is None else bias[start:stop]
-        z = _logits(h[:num_pos] if use_triton else h, weight[start:stop], bias_tile, temperature, matmul_dtype)
+        z = scaled_logits(h[:num_pos] if use_triton else h, weight[start:stop], bias_tile, temperature, matmul_dtype)
         hit = ((ids >= start) & (ids < stop)).nonzero().flatten()
         columns = ids[hit] - start
 
@@ -151,19 +158,9 @@ def _fused_factored_sums(
         d_pos.exp_().neg_()
         pos_hit = hit[hit < num_pos]
         d_pos[pos_hit, ids[pos_hit] - start] = one_minus_q_pos[pos_hit]
-        s_all = torch.empty(len(seq_lengths), stop - start, h.shape[1], device=device)  # (|P|, Vc, H)
-        for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-            _matmul(d_pos[lo:hi].T, h[lo:hi], matmul_dtype, out=s_all[i])
+        s_w, seq_sums_tile = sequence_s_matrices(d_pos, h, bounds, weights, weighted_differs, matmul_dtype)
         del d_pos
-        s_one = s_all.sum(dim=0)
-        if weighted_differs:
-            s_w = torch.zeros_like(s_one)
-            for i, w in enumerate(weights):
-                s_w.add_(s_all[i], alpha=w)
-        else:
-            s_w = s_one
-        seq_sums += s_all.view(len(seq_lengths), -1) @ s_one.view(-1)
-        del s_all
+        seq_sums += seq_sums_tile
         if use_triton:  # the token side of this tile in one kernel: (6, N) statistics, merged online
             stats = triton_tile_statistics(h, weight[start:stop].to(h.dtype), s_w.to(h.dtype), bias_tile,
                                            (ids - start).to(torch.int32), temperature)
@@ -177,8 +174,8 @@ def _fused_factored_sums(
                 weighted_logit = weighted_logit * old_scale + stats[5] * tile_scale
             running_max = new_max
             continue
-        u = _matmul(h, s_w.T, matmul_dtype)  # (N, Vc) = (S_w h_b) on this tile
-        del s_w, s_one
+        u = matmul_fp32(h, s_w.T, matmul_dtype)  # (N, Vc) = (S_w h_b) on this tile
+        del s_w
 
         # online softmax over the tiles, the own token kept apart
         new_max = torch.maximum(running_max, z.amax(dim=1))
@@ -191,9 +188,9 @@ def _fused_factored_sums(
         own_u[hit] = u[hit, columns]
         other_mass = other_mass * rescale + e.sum(dim=1)
         own_mass = own_mass * rescale + own_e
-        numerator = numerator * rescale + _rowdot(e, u)
+        numerator = numerator * rescale + rowdot(e, u)
         if compute_entropy:
-            weighted_logit = weighted_logit * rescale + _rowdot(e, z)
+            weighted_logit = weighted_logit * rescale + rowdot(e, z)
             weighted_logit[hit] += own_e[hit] * own_z
         running_max = new_max
         del z, e, u
