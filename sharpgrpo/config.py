@@ -1,13 +1,14 @@
 """``SharpGRPOConfig``: TRL's ``GRPOConfig`` plus the token-level strategies and their parameters.
 
-Every parameter that resolves an ambiguity of the papers says so in its help string (see METHODS.md). The config
-validates itself in ``__post_init__``, before any model is loaded.
+Each field of ours declares its default, help and accepted values together (``param``); the decisions behind the
+defaults are in docs/methods.md. The config validates itself in ``__post_init__``, before any model is loaded.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
@@ -32,38 +33,23 @@ KL_WEIGHTINGS = ("loss", "inside", "none")
 SUPPORTED_LOSS_TYPES = LOSS_TYPES  # all of TRL 1.16's
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 
-# What each field of ours accepts (sharpgrpo.validation); a new field's check is one line here. Relations between
-# fields (sg_lower <= sg_upper, ...) are checked in `SharpGRPOConfig._validate`. TRL's fields: TRL_FIELD_RULES.
-FIELD_RULES = {
-    "weight_placement": one_of(*WEIGHT_PLACEMENTS),
-    "kl_weighting": one_of(*KL_WEIGHTINGS),
-    "loss_type": one_of(*SUPPORTED_LOSS_TYPES),
-    "importance_sampling_level": one_of(*IMPORTANCE_SAMPLING_LEVELS),
-    "sg_alpha": positive(),
-    "sg_mu": number(),
-    "sg_tau": positive(),
-    "sg_lower": positive(note="weights scale ratios"),
-    "sg_upper": positive(),
-    "random_weight_low": positive(),
-    "random_weight_high": positive(),
-    "random_weight_seed": integer(0, allow_none=True),
-    "ar_alpha": between(0, 1),
-    "cw_scope": one_of(*CW_SCOPES),
-    "cw_advantage_mean": one_of(*CW_ADVANTAGE_MEANS),
-    "cw_sigma_eps": non_negative(),
-    "thr_p": between(-1, 1),
-    "thr_beta": non_negative(),
-    "thr_entropy_quantile": between(0, 1, high_open=True),
-    "thr_vocab": one_of(*THR_VOCABS),
-    "thr_keep_below_threshold": one_of(False, True),
-    "thr_debug_dump": one_of(False, True),
-    "nthr_length_normalized": one_of(False, True),
-    "thr_chunk_size": integer(1),
-    "passk_k": integer(1),
-    "sharpness_probe_steps": integer(0),
-    "sharpness_rho": positive(),
-    "generation_capture": one_of(False, True),
-}
+
+class _RuledField(dataclasses.Field):
+    """A dataclass field that also carries the rule of the values it accepts (``FIELD_RULES`` collects them). Kept
+    out of ``metadata``, which transformers' argument parser hands to argparse as keyword arguments."""
+
+    __slots__ = ("rule",)
+
+
+def param(default, help: str, rule):
+    """A field of ours: its default, what it does (``help``: a line or two, details in docs/methods.md) and the
+    values it accepts (``rule``, sharpgrpo.validation), declared together."""
+    plain = field(default=default, metadata={"help": help})
+    ruled = _RuledField.__new__(_RuledField)
+    for slot in dataclasses.Field.__slots__:
+        setattr(ruled, slot, getattr(plain, slot))
+    ruled.rule = rule
+    return ruled
 
 
 @dataclass
@@ -71,171 +57,112 @@ class SharpGRPOConfig(GRPOConfig):
     r"""Configuration for [`SharpGRPOTrainer`]: all of [`trl.GRPOConfig`] plus the fields below.
 
     Strategies are chosen by name (``strategies``) and combine: token-weight strategies multiply, advantage
-    strategies apply in list order. Parameters are flat so that YAML and the CLI set them directly.
+    strategies apply in list order. Parameters are flat so that YAML and the CLI set them directly. Each field's
+    equation, paper and the decision behind its default: docs/methods.md.
     """
 
     strategies: list[str] | str = field(
         default_factory=lambda: ["grpo_sg"],
         metadata={
             "help": "Token-level strategies, by registered name or dotted import path; one name, a list, or a "
-            "comma-separated string. Weight strategies: `grpo_sg` (GRPO-SG Eq. 19), `equal` (w = 1, plain GRPO), "
-            "`random` (TR-GRPO Table 4), `reverse` (TR-GRPO Table 4). Advantage strategies: `ar` (AR-Lopti), "
-            "`cw_grpo`, `thr`, `nthr`, `passk_mixed`. At most one weight strategy."
+            "comma-separated string. Weight strategies: `grpo_sg`, `equal`, `random`, `reverse`. Advantage "
+            "strategies: `ar`, `cw_grpo`, `thr`, `nthr`, `passk_mixed`. At most one weight strategy."
         },
     )
-    # GRPO-SG / TR-GRPO probability shaping (METHODS §1).
-    sg_alpha: float = field(
-        default=2.0, metadata={"help": "alpha in GRPO-SG Eq. 19 / TR-GRPO Eq. 12: scale of the sigmoid shaping."}
+    # GRPO-SG / TR-GRPO probability shaping (docs/methods.md §1).
+    sg_alpha: float = param(2.0, "alpha of GRPO-SG Eq. 19: scale of the sigmoid shaping.", positive())
+    sg_mu: float = param(0.25, "mu of GRPO-SG Eq. 19: offset subtracted from the sigmoid.", number())
+    sg_tau: float = param(
+        1 / 9,
+        "tau of GRPO-SG Eq. 19, w = clip(alpha (sigmoid(p/tau) - mu), L, U). 1/9, not the printed 9, which makes "
+        "every w = 1 (docs/methods.md §1); a tau with constant weights warns.",
+        positive(),
     )
-    sg_mu: float = field(default=0.25, metadata={"help": "mu in GRPO-SG Eq. 19: offset subtracted from the sigmoid."})
-    sg_tau: float = field(
-        default=1 / 9,
-        metadata={
-            "help": "tau in GRPO-SG Eq. 19 (w = clip(alpha*(sigmoid(p/tau) - mu), L, U)). Decision (METHODS §1): "
-            "the papers print tau = 9, which makes w = 1 for every p in [0, 1] (plain GRPO); their appendix range "
-            "(0.5, 1.5) and tau sweep (Table 7) match sigmoid(9p), so the default is 1/9. A tau whose weights are "
-            "constant over p in [0, 1] triggers a warning."
-        },
+    sg_lower: float = param(1.0, "L of GRPO-SG Eq. 19: lower clip of the weight.",
+                            positive(note="weights scale ratios"))
+    sg_upper: float = param(1.4, "U of GRPO-SG Eq. 19: upper clip of the weight.", positive())
+    weight_placement: str = param(
+        "loss",
+        "Where a token weight w enters the surrogate: `loss` (w times the clipped term) or `ratio` (GRPO-SG Eq. 13 "
+        "as printed: w r inside the clip; warns with the probability above which positive tokens lose their "
+        "gradient). docs/methods.md §1.",
+        one_of(*WEIGHT_PLACEMENTS),
     )
-    sg_lower: float = field(default=1.0, metadata={"help": "L in GRPO-SG Eq. 19: lower clip of the weight."})
-    sg_upper: float = field(default=1.4, metadata={"help": "U in GRPO-SG Eq. 19: upper clip of the weight."})
-    weight_placement: str = field(
-        default="loss",
-        metadata={
-            "help": "Where a token weight w enters the surrogate (METHODS §1, revised). `loss` (default; TR-GRPO: "
-            "\"preserves the GRPO gradient structure up to the multiplicative factor w\", GRPO-SG Theorem 3.5's "
-            "g = gamma * w * grad log pi): w * min(r*A, clip(r, 1-eps_low, 1+eps_high)*A). `ratio` (GRPO-SG Eq. 13 "
-            "as printed, kept as an ablation): min(w*r*A, clip(w*r, 1-eps_low, 1+eps_high)*A); on-policy every "
-            "token with w > 1+eps_high and A > 0 is clipped and gets no gradient (with the sg_* defaults every "
-            "positive-advantage token with p > 0.211 at the papers' epsilon_high 0.24, p > 0.193 at TRL's default "
-            "0.2), so choosing it warns with that probability; logged as "
-            "token_weight/frac_grad_clipped. Refused with `loss_type: vespo`, whose gamma weight acts on a whole "
-            "sequence's ratio (no per-token ratio to scale)."
-        },
+    kl_weighting: str = param(
+        "loss",
+        "How w enters the k3 KL term (beta > 0): `loss` w*kl (GRPO-SG Lemma 3.4), `inside` k3 of w*pref/p (TR-GRPO "
+        "Eq. 11), `none`.",
+        one_of(*KL_WEIGHTINGS),
     )
-    kl_weighting: str = field(
-        default="loss",
-        metadata={
-            "help": "How a token weight enters the k3 KL term (beta > 0). `loss` (default; the gradient of GRPO-SG "
-            "Lemma 3.4 carries beta*w): w*kl. `inside` (TR-GRPO Eq. 11): w*pref/p - log(w*pref/p) - 1. `none`: kl."
-        },
+    random_weight_low: float = param(0.5, "`random`: lower end of w ~ Uniform[low, high] (TR-GRPO Table 4).",
+                                     positive())
+    random_weight_high: float = param(1.5, "`random`: upper end of w ~ Uniform[low, high] (TR-GRPO Table 4).",
+                                      positive())
+    random_weight_seed: int | None = param(
+        None, "`random`: generator seed (plus the process index); None uses `seed`.", integer(0, allow_none=True)
     )
-    random_weight_low: float = field(
-        default=0.5, metadata={"help": "`random` strategy: lower end of Uniform[low, high] (TR-GRPO Table 4)."}
+    ar_alpha: float = param(0.3, "`ar` (AR-Lopti): A[i,t] = (alpha sg[p_old] + 1 - alpha) A[i].", between(0, 1))
+    # CW-GRPO (docs/methods.md §2).
+    cw_scope: str = param(
+        "group", "`cw_grpo`: statistics over each prompt's `group` or the whole generation `batch`.",
+        one_of(*CW_SCOPES),
     )
-    random_weight_high: float = field(
-        default=1.5, metadata={"help": "`random` strategy: upper end of Uniform[low, high] (TR-GRPO Table 4)."}
+    cw_advantage_mean: str = param(
+        "response",
+        "`cw_grpo`: mean(A) in c = (logp - mean logp)(A - mean A) over `response`s (each once) or `token`s "
+        "(length-weighted). docs/methods.md §2.",
+        one_of(*CW_ADVANTAGE_MEANS),
     )
-    random_weight_seed: int | None = field(
-        default=None,
-        metadata={
-            "help": "`random` strategy: generator seed (plus the process index, so ranks differ); None uses the "
-            "training `seed`."
-        },
+    cw_sigma_eps: float = param(1e-8, "`cw_grpo`: below this std of c, w = 1.", non_negative())
+    # THR (docs/methods.md §3).
+    thr_p: float = param(
+        0.1, "`thr`: p of THR Eq. 5; p > 0 favours exploitation (greedy accuracy), p < 0 exploration (pass@k).",
+        between(-1, 1),
     )
-    ar_alpha: float = field(
-        default=0.3,
-        metadata={
-            "help": "`ar` strategy (AR-Lopti, Yang et al. 2025): A[i,t] = (alpha*sg[p_old] + 1 - alpha) * A[i] on "
-            "both advantage signs, no normalisation."
-        },
+    thr_beta: float = param(
+        1.0,
+        "`thr`/`nthr`: scale of the threshold tau (`thr`: beta times the smallest mean THR score of a correct "
+        "response, THR App. E.5; `nthr`: Deng et al. 2025 Eq. 8). docs/methods.md §3.",
+        non_negative(),
     )
-    # CW-GRPO (METHODS §2).
-    cw_scope: str = field(
-        default="group",
-        metadata={
-            "help": "`cw_grpo`: scope of the covariance statistics, `group` (default; the G completions of one "
-            "prompt) or `batch` (the whole generation batch, all processes)."
-        },
+    thr_keep_below_threshold: bool = param(
+        False, "`thr`: tokens with |THR| <= tau get advantage 0 (False, the paper's setting) or keep A (True).",
+        one_of(False, True),
     )
-    cw_advantage_mean: str = field(
-        default="response",
-        metadata={
-            "help": "`cw_grpo`: how mean(A) in c = (logp - mean(logp)) (A - mean(A)) is taken (METHODS §2, revised; "
-            "the paper: \"computed over responses\"). `response` (default): each response counted once (0 for "
-            "group-normalised A). `token`: masked token mean, i.e. weighted by completion length (the earlier "
-            "default; makes a group's weights depend on how long its wrong answers are)."
-        },
+    thr_entropy_quantile: float = param(
+        0.0, "`thr`: also keep the top-q-entropy tokens below the threshold (0 = off; the paper uses 0.2 for 0.5B).",
+        between(0, 1, high_open=True),
     )
-    cw_sigma_eps: float = field(
-        default=1e-8, metadata={"help": "`cw_grpo`: if the scope's std of c is below this, w = 1 (METHODS §2)."}
+    thr_vocab: str = param(
+        "full", "`thr`: `full` (exact) or `sampled` (the group's tokens only, not renormalised; NTHR App. 7.4).",
+        one_of(*THR_VOCABS),
     )
-    # THR (METHODS §3).
-    thr_p: float = field(
-        default=0.1,
-        metadata={
-            "help": "`thr`: p in THR Eq. 5, A = 1[|THR| > tau] (1 + sign(THR) p) A; p > 0 favours exploitation "
-            "(greedy accuracy), p < 0 exploration (pass@k)."
-        },
+    thr_chunk_size: int = param(1024, "`thr`: tokens per chunk of the score computation (bounds its memory).",
+                                integer(1))
+    thr_debug_dump: bool = param(
+        False, "`thr`: write per-token scores with decoded tokens to `output_dir/thr_scores/` every generation.",
+        one_of(False, True),
     )
-    thr_beta: float = field(
-        default=1.0,
-        metadata={
-            "help": "`thr`/`nthr`: beta scaling the threshold tau. `thr` (METHODS §3, revised; THR App. E.5): tau = "
-            "beta * min over correct responses of the mean THR score of the response's tokens, on THR's own scale "
-            "(logged: thr/tau, thr/frac_groups_tau_negative). `nthr`: Deng et al. 2025 Eq. 8, unnormalised."
-        },
+    generation_capture: bool = param(
+        True,
+        "Read sampling log-probabilities and last hidden states from transformers' `generate` instead of a second "
+        "forward (equal up to KV-cache rounding). False: always forward.",
+        one_of(False, True),
     )
-    thr_keep_below_threshold: bool = field(
-        default=False,
-        metadata={
-            "help": "`thr`: tokens with |THR| <= tau get advantage 0 (False, the paper's setting) or keep A (True)."
-        },
+    nthr_length_normalized: bool = param(
+        False, "`nthr`: keep THR's 1/|y_i| in the score compared with tau (False: the threshold's own scale).",
+        one_of(False, True),
     )
-    thr_entropy_quantile: float = field(
-        default=0.0,
-        metadata={
-            "help": "`thr`: re-add the top-q-entropy tokens below threshold with unchanged advantage (0 = off; the "
-            "paper uses 0.2 for 0.5B and Llama models)."
-        },
-    )
-    thr_vocab: str = field(
-        default="full",
-        metadata={
-            "help": "`thr`: `full` (exact) or `sampled` (distributions restricted to the group's tokens, not "
-            "renormalised, NTHR App. 7.4)."
-        },
-    )
-    thr_chunk_size: int = field(
-        default=1024,
-        metadata={"help": "`thr`: tokens per chunk of the score computation; bounds its peak extra memory."},
-    )
-    thr_debug_dump: bool = field(
-        default=False,
-        metadata={
-            "help": "`thr`: write per-token scores with decoded tokens to `output_dir/thr_scores/` every "
-            "generation (to see which tokens dominate, as in the paper's word clouds)."
-        },
-    )
-    generation_capture: bool = field(
-        default=True,
-        metadata={
-            "help": "Read the sampling log-probabilities (`cw_grpo`, `ar`) and last hidden states (`thr`, `nthr`) "
-            "from transformers' `generate` instead of a second forward over the generation batch (issue 13; equal "
-            "up to KV-cache rounding). On-policy `ar` (last advantage strategy) is always applied in the loss from "
-            "its own log-probabilities. With vLLM the log-probabilities it returns are used when TRL computes none; "
-            "THR then runs one backbone forward that also serves the log-probabilities. False: always forward."
-        },
-    )
-    nthr_length_normalized: bool = field(
-        default=False,
-        metadata={
-            "help": "`nthr`: keep THR's 1/|y_i| factor in the score compared with tau (False puts the score on the "
-            "threshold's scale, which METHODS §3 writes without 1/|y_i|)."
-        },
-    )
-    passk_k: int = field(default=4, metadata={"help": "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025)."})
+    passk_k: int = param(4, "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025).", integer(1))
 
     # Diagnostics.
-    sharpness_probe_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Every N optimizer steps, measure sharpness on the current batch: the loss increase after an "
-            "ascent step of radius `sharpness_rho` along the normalised gradient (SAM's inner maximisation); "
-            "logs sharpness/*. 0 turns the probe off."
-        },
+    sharpness_probe_steps: int = param(
+        0,
+        "Every N optimizer steps, the loss increase after an ascent step of radius `sharpness_rho` along the "
+        "normalised gradient (SAM's inner maximisation), logged as sharpness/*; 0: off.",
+        integer(0),
     )
-    sharpness_rho: float = field(default=0.05, metadata={"help": "Radius of the sharpness probe's ascent step."})
+    sharpness_rho: float = param(0.05, "Radius of the sharpness probe's ascent step.", positive())
 
     def __post_init__(self):
         # Every value first: TRL's own __post_init__ divides by some of them (num_generations, batch sizes).
@@ -283,7 +210,7 @@ class SharpGRPOConfig(GRPOConfig):
 
     def _warn_ratio_placement(self) -> None:
         """`weight_placement: ratio` silences positive-advantage tokens with w > 1 + epsilon_high on-policy; say
-        which (computed from the configured weights and epsilon_high, METHODS §1)."""
+        which (computed from the configured weights and epsilon_high, docs/methods.md §1)."""
         from sharpgrpo.strategies.probability_shaping import (
             probability_shaping_weights,
             ratio_silenced_range,
@@ -319,7 +246,7 @@ class SharpGRPOConfig(GRPOConfig):
             f"weight_placement='ratio' (GRPO-SG Eq. 13 as printed): on-policy (r = 1) a positive-advantage token "
             f"with w * r > 1 + epsilon_high = {1 + eps_high:g} lands in the clipped branch and gets no gradient: here "
             f"{which}. Confident tokens of correct answers are then only pushed down. `weight_placement: loss` (the "
-            "default) keeps GRPO's gradient times w (METHODS §1).",
+            "default) keeps GRPO's gradient times w (docs/methods.md §1).",
             UserWarning,
             stacklevel=3,
         )
@@ -336,8 +263,20 @@ class SharpGRPOConfig(GRPOConfig):
             warnings.warn(
                 f"GRPO-SG weights are constant ({low:.4f}..{high:.4f}) for every token probability in [0, 1] with "
                 f"sg_alpha={self.sg_alpha}, sg_mu={self.sg_mu}, sg_tau={self.sg_tau}, clip [{self.sg_lower}, "
-                f"{self.sg_upper}]: this is plain GRPO. The papers print tau = 9, which does this; METHODS §1 uses "
-                "tau = 1/9 (the default).",
+                f"{self.sg_upper}]: this is plain GRPO. The papers print tau = 9, which does this; the default is "
+                "tau = 1/9 (docs/methods.md §1).",
                 UserWarning,
                 stacklevel=3,
             )
+
+
+# What each field of ours accepts, from the fields' own declarations, plus the values we add to two of TRL's fields
+# (sharpgrpo.validation; relations between fields are checked in `SharpGRPOConfig._validate`; TRL's own fields:
+# TRL_FIELD_RULES).
+FIELD_RULES = {
+    "loss_type": one_of(*SUPPORTED_LOSS_TYPES),
+    "importance_sampling_level": one_of(*IMPORTANCE_SAMPLING_LEVELS),
+    **{f.name: f.rule for f in fields(SharpGRPOConfig) if isinstance(f, _RuledField)},
+}
+# The defaults of our fields, for strategies built from any object with the documented attributes.
+FIELD_DEFAULTS = {f.name: f.default for f in fields(SharpGRPOConfig) if isinstance(f, _RuledField)}

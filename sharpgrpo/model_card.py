@@ -1,54 +1,25 @@
-"""The model card's sharpgrpo parts: the paper each strategy implements (TRL's ``_paper`` convention), the config
-fields each strategy reads, BibTeX citations, and fixes to TRL's card for local models and datasets."""
+"""The model card's sharpgrpo parts: the paper each strategy implements and the config fields it reads (both declared
+by the strategy class, ``paper`` and ``params``), BibTeX citations, and fixes to TRL's card for local models and
+datasets."""
 
 from __future__ import annotations
 
 import os
 
-# The paper each strategy implements, for the model card (TRL's `_paper` convention).
-STRATEGY_PAPERS: dict[str, dict[str, str]] = {
-    "grpo_sg": {
-        "title": "Sharpness-Guided Group Relative Policy Optimization via Probability Shaping",
-        "citation": "Tue Le, Linh Ngo Van, Trung Le. Sharpness-Guided Group Relative Policy Optimization via "
-        "Probability Shaping (GRPO-SG; earlier version: Sharpness-Controlled GRPO with Token-Level Probability "
-        "Shaping, TR-GRPO).",
-    },
-    "cw_grpo": {
-        "title": "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",
-        "id": "2605.11538",
-        "citation": "Cheng Wang, Qin Liu, Wenxuan Zhou, Muhao Chen. Taming Extreme Tokens: Covariance-Aware GRPO "
-        "with Gaussian-Kernel Advantage Reweighting. arXiv:2605.11538.",
-    },
-    "thr": {
-        "title": "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement "
-        "Learning",
-        "citation": "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement "
-        "Learning (THR).",
-    },
-}
-STRATEGY_PAPERS["reverse"] = STRATEGY_PAPERS["random"] = STRATEGY_PAPERS["equal"] = STRATEGY_PAPERS["grpo_sg"]
-STRATEGY_PAPERS["nthr"] = STRATEGY_PAPERS["thr"]
-STRATEGY_PAPERS["ar"] = {
-    "title": "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
-    "citation": "Yang et al. 2025, Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs (AR-Lopti).",
-}
-STRATEGY_PAPERS["passk_mixed"] = {
-    "title": "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large Reasoning Models",
-    "citation": "Chen et al. 2025, Pass@k Training for Adaptively Balancing Exploration and Exploitation.",
-}
-# The config fields each strategy reads (shown on the model card).
-_SHAPING_FIELDS = ("sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper", "weight_placement", "kl_weighting")
-STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
-    "grpo_sg": _SHAPING_FIELDS,
-    "reverse": _SHAPING_FIELDS,
-    "equal": ("weight_placement", "kl_weighting"),
-    "random": ("random_weight_low", "random_weight_high", "random_weight_seed", "weight_placement", "kl_weighting"),
-    "ar": ("ar_alpha",),
-    "cw_grpo": ("cw_scope", "cw_advantage_mean", "cw_sigma_eps"),
-    "thr": ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab"),
-    "nthr": ("thr_beta", "thr_vocab"),
-    "passk_mixed": ("passk_k",),
-}
+
+def strategy_class(name: str):
+    """The strategy class of a configured name (registered or a dotted path), or None if it cannot be found."""
+    from sharpgrpo.strategies import STRATEGIES
+
+    try:
+        return STRATEGIES.get(name)
+    except ValueError:
+        return None
+
+
+def strategy_paper(name: str):
+    """The ``StrategyPaper`` a configured strategy declares, or None."""
+    return getattr(strategy_class(name), "paper", None)
 
 
 def _is_hub_id(name: str | None) -> bool:
@@ -59,13 +30,13 @@ def strategies_bibtex(strategies) -> str:
     """One ``@misc`` BibTeX entry per distinct paper of the named strategies (arXiv fields where known)."""
     entries, seen = [], set()
     for name in strategies:
-        paper = STRATEGY_PAPERS.get(name)
-        if paper is None or paper["title"] in seen:
+        paper = strategy_paper(name)
+        if paper is None or paper.title in seen:
             continue
-        seen.add(paper["title"])
-        fields = [f"  title = {{{{{paper['title']}}}}}", f"  note = {{{paper['citation']}}}"]
-        if "id" in paper:
-            fields += [f"  eprint = {{{paper['id']}}}", "  archivePrefix = {arXiv}"]
+        seen.add(paper.title)
+        fields = [f"  title = {{{{{paper.title}}}}}", f"  note = {{{paper.citation}}}"]
+        if paper.id:
+            fields += [f"  eprint = {{{paper.id}}}", "  archivePrefix = {arXiv}"]
         entries.append(f"@misc{{sharpgrpo_{name},\n" + ",\n".join(fields) + "\n}")
     return "\n\n".join(entries)
 
@@ -93,9 +64,10 @@ def strategy_card_section(args) -> str:
     """Markdown: each configured strategy with its parameters and the paper it implements."""
     lines = ["## sharpgrpo strategies", ""]
     for name in args.strategies:
-        fields = [f for f in STRATEGY_FIELDS.get(name, ()) if hasattr(args, f)]
+        fields = [f for f in getattr(strategy_class(name), "params", ()) if hasattr(args, f)]
         params = ", ".join(f"`{f}={getattr(args, f)!r}`" for f in fields)
-        paper = STRATEGY_PAPERS.get(name, {}).get("citation", "user-defined strategy")
+        paper = strategy_paper(name)
+        paper = paper.citation if paper is not None else "user-defined strategy"
         lines.append(f"- **`{name}`** ({params or 'no parameters'}). {paper}")
     lines += ["", f"Loss type `{args.loss_type}`, beta `{args.beta}`, "
               f"importance sampling level `{args.importance_sampling_level}`.", ""]
@@ -134,3 +106,11 @@ def write_model_card(trainer, parent_create_model_card, model_name=None, dataset
     text = fix_card_links(text, base_model or trainer.base_model_name, dataset_name, repo_id, args.output_dir)
     with open(path, "w", encoding="utf-8") as card:
         card.write(text + "\n" + strategy_card_section(args))
+
+
+def trl_paper(strategies, default: dict) -> dict:
+    """TRL's ``_paper`` dict (title, id, citation) for the first configured strategy that declares a paper."""
+    paper = next((p for p in map(strategy_paper, strategies) if p is not None), None)
+    if paper is None:
+        return default
+    return {"title": paper.title, "citation": paper.citation, **({"id": paper.id} if paper.id else {})}

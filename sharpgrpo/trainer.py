@@ -44,7 +44,7 @@ from sharpgrpo.losses import (
     log_importance_weights,
     weighted_policy_surrogate,
 )
-from sharpgrpo.model_card import STRATEGY_PAPERS, strategy_card_section, write_model_card
+from sharpgrpo.model_card import strategy_card_section, trl_paper, write_model_card
 from sharpgrpo.policy_inputs import (
     causal_lm,
     completion_hidden_states,
@@ -93,7 +93,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
         if self.use_vllm and self.vllm_mode == "colocate":
             self._seed_colocated_vllm()
-        self._paper = next((STRATEGY_PAPERS[n] for n in args.strategies if n in STRATEGY_PAPERS), self._paper)
+        self._paper = trl_paper(args.strategies, self._paper)
 
     @property
     def _rollout_inputs(self) -> list[dict[str, Any]] | None:
@@ -269,8 +269,9 @@ class SharpGRPOTrainer(GRPOTrainer):
             )
             dump = None
             if self.args.thr_debug_dump and self.accelerator.is_main_process:
-                dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "thr_scores"), self._generation_count,
-                               self.state.global_step, batch, decode=self.processing_class.decode)
+                folder = os.path.join(self.args.output_dir, "thr_scores")
+                dump = partial(dump_token_scores, folder, self._generation_count, self.state.global_step, batch,
+                               decode=self.processing_class.decode)
             token_advantages = run_advantage_strategies(strategies, batch, self._strategy_output_checker,
                                                         self._metrics[mode], dump)
         start = self.accelerator.process_index * local_rows

@@ -16,7 +16,7 @@ function that cites its equation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -24,6 +24,25 @@ from sharpgrpo.registry import Registry
 
 STRATEGIES: Registry[type] = Registry("strategy")
 register_strategy = STRATEGIES.register
+
+
+def strategy_param(args: Any, name: str) -> Any:
+    """The config field ``name`` read from ``args`` (a ``SharpGRPOConfig``, or any object with the documented
+    attributes; a missing attribute takes the field's default) and checked against the field's declared rule: the
+    default and the accepted values live with the field only (``sharpgrpo.config``)."""
+    from sharpgrpo.config import FIELD_DEFAULTS, FIELD_RULES
+
+    value = getattr(args, name, FIELD_DEFAULTS[name])
+    FIELD_RULES[name].check(name, value)
+    return value
+
+
+class StrategyPaper(NamedTuple):
+    """The paper a strategy implements, for the model card (TRL's ``_paper`` convention) and its BibTeX entry."""
+
+    title: str
+    citation: str
+    id: str | None = None  # arXiv id, where known
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,8 @@ class TokenWeightStrategy:
     """Base class of token-weight strategies. Subclasses implement ``weights``."""
 
     kind: ClassVar[str] = "weight"
+    params: ClassVar[tuple[str, ...]] = ("weight_placement", "kl_weighting")  # config fields it reads (model card)
+    paper: ClassVar[StrategyPaper | None] = None
 
     def __init__(self, args: Any):
         self.args = args
@@ -97,6 +118,8 @@ class AdvantageStrategy:
     """Base class of advantage strategies. Subclasses implement ``token_advantages``."""
 
     kind: ClassVar[str] = "advantage"
+    params: ClassVar[tuple[str, ...]] = ()  # config fields it reads (model card)
+    paper: ClassVar[StrategyPaper | None] = None
     needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
     needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
     needs_correctness: ClassVar[bool] = False  # fill GenerationBatch.correct (runs the answer checks)

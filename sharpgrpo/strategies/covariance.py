@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
+from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
 
 CW_SCOPES = ("group", "batch")
 CW_ADVANTAGE_MEANS = ("response", "token")
@@ -213,6 +213,14 @@ class CovarianceWeighting(AdvantageStrategy):
     ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (METHODS §2), so the
     weights are computed once per generation batch and reused by every optimisation step on it.
     """
+
+    params = ("cw_scope", "cw_advantage_mean", "cw_sigma_eps")
+    paper = StrategyPaper(
+        "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",
+        "Cheng Wang, Qin Liu, Wenxuan Zhou, Muhao Chen. Taming Extreme Tokens: Covariance-Aware GRPO with "
+        "Gaussian-Kernel Advantage Reweighting. arXiv:2605.11538.",
+        "2605.11538",
+    )
 
     def __init__(self, args: Any):
         super().__init__(args)

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from sharpgrpo.correctness import batch_correct
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
+from sharpgrpo.strategies.base import (
+    AdvantageStrategy,
+    GenerationBatch,
+    StrategyPaper,
+    register_strategy,
+    strategy_param,
+)
 from sharpgrpo.strategies.thr import group_slices
 
 
@@ -100,12 +106,15 @@ class PassKMixedStrategy(AdvantageStrategy):
 
     needs_old_logps = False
     needs_correctness = True
+    params = ("passk_k",)
+    paper = StrategyPaper(
+        "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large Reasoning Models",
+        "Chen et al. 2025, Pass@k Training for Adaptively Balancing Exploration and Exploitation.",
+    )
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.k = int(getattr(args, "passk_k", 4))
-        if self.k < 1:
-            raise ValueError(f"passk_k must be >= 1, got {self.k}")
+        self.k = int(strategy_param(args, "passk_k"))
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         out = batch.advantages.clone()

@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 import torch
 
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, TokenWeightStrategy, register_strategy
+from sharpgrpo.strategies.base import (
+    AdvantageStrategy,
+    GenerationBatch,
+    StrategyPaper,
+    TokenWeightStrategy,
+    register_strategy,
+)
 
 
 def probability_shaping_weights(
@@ -71,8 +77,22 @@ def ar_token_advantages(old_probs: torch.Tensor, advantages: torch.Tensor, alpha
     return (alpha * old_probs.detach() + (1.0 - alpha)) * advantages
 
 
+GRPO_SG_PAPER = StrategyPaper(
+    "Sharpness-Guided Group Relative Policy Optimization via Probability Shaping",
+    "Tue Le, Linh Ngo Van, Trung Le. Sharpness-Guided Group Relative Policy Optimization via Probability Shaping "
+    "(GRPO-SG; earlier version: Sharpness-Controlled GRPO with Token-Level Probability Shaping, TR-GRPO).",
+)
+AR_PAPER = StrategyPaper(
+    "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
+    "Yang et al. 2025, Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs (AR-Lopti).",
+)
+
+
 class _ProbabilityShaping(TokenWeightStrategy):
     """Reads the `sg_*` parameters shared by `grpo_sg` and `reverse`."""
+
+    params = ("sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper", *TokenWeightStrategy.params)
+    paper = GRPO_SG_PAPER
 
     def _params(self) -> tuple[float, float, float, float, float]:
         a = self.args
@@ -105,6 +125,8 @@ class ReverseWeights(_ProbabilityShaping):
 class EqualWeights(TokenWeightStrategy):
     """TR-GRPO 'Equal' ablation: w = 1, the parent GRPO loss exactly."""
 
+    paper = GRPO_SG_PAPER
+
     def bounds(self) -> tuple[float, float]:
         return 1.0, 1.0
 
@@ -119,6 +141,9 @@ class RandomWeights(TokenWeightStrategy):
     The generator lives on the CPU (the same draws on any device) and is part of the checkpointed state. Each
     process seeds it with seed + process index, so data-parallel ranks draw different weights.
     """
+
+    params = ("random_weight_low", "random_weight_high", "random_weight_seed", *TokenWeightStrategy.params)
+    paper = GRPO_SG_PAPER
 
     def __init__(self, args):
         super().__init__(args)
@@ -145,6 +170,8 @@ class RandomWeights(TokenWeightStrategy):
 class ARTokenAdvantages(AdvantageStrategy):
     """AR-Lopti token advantages from the sampling policy's probabilities (ar_alpha, default 0.3)."""
 
+    params = ("ar_alpha",)
+    paper = AR_PAPER
     folds_into_loss = True
     loss_factor_metric = "ar/factor_mean"
 

@@ -42,7 +42,13 @@ from typing import Any, NamedTuple
 import torch
 
 from sharpgrpo.correctness import batch_correct
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, register_strategy
+from sharpgrpo.strategies.base import (
+    AdvantageStrategy,
+    GenerationBatch,
+    StrategyPaper,
+    register_strategy,
+    strategy_param,
+)
 from sharpgrpo.strategies import thr_kernels
 from sharpgrpo.strategies.thr_vocab import (
     factored_flops,
@@ -396,8 +402,16 @@ def nthr_token_advantages(
     return new, metrics
 
 
+THR_PAPER = StrategyPaper(
+    "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement Learning",
+    "Token Hidden Reward: Steering Exploration-Exploitation in Group Relative Deep Reinforcement Learning (THR).",
+)
+
+
 class _HiddenRewardStrategy(AdvantageStrategy):
     """Shared adapter: reads ``thr_*`` parameters from the config, loops over the groups of a batch."""
+
+    paper = THR_PAPER
 
     needs_hidden_states = True
     needs_old_logps = False
@@ -407,13 +421,9 @@ class _HiddenRewardStrategy(AdvantageStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.beta = float(getattr(args, "thr_beta", 1.0))
-        self.vocab = getattr(args, "thr_vocab", "full")
-        self.chunk_size = int(getattr(args, "thr_chunk_size", 1024))
-        if self.vocab not in VOCAB_MODES:
-            raise ValueError(f"thr_vocab must be one of {VOCAB_MODES}, got {self.vocab!r}")
-        if self.chunk_size < 1:
-            raise ValueError(f"thr_chunk_size must be >= 1, got {self.chunk_size}")
+        self.beta = float(strategy_param(args, "thr_beta"))
+        self.vocab = strategy_param(args, "thr_vocab")
+        self.chunk_size = int(strategy_param(args, "thr_chunk_size"))
         self.last_scores: torch.Tensor | None = None
         self.last_tau: list[float] = []
 
@@ -473,18 +483,16 @@ class _HiddenRewardStrategy(AdvantageStrategy):
 
 @register_strategy("thr")
 class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
-    """THR-guided token advantages (THR Eq. 5, METHODS §3). Config attributes: ``thr_p`` (0.1; > 0 exploitation,
-    < 0 exploration), ``thr_beta`` (1.0), ``thr_keep_below_threshold`` (False), ``thr_entropy_quantile`` (0.0),
-    ``thr_vocab`` ("full" | "sampled"), ``thr_chunk_size`` (tokens; memory knob of
-    :func:`token_hidden_reward_scores`)."""
+    """THR-guided token advantages (THR Eq. 5, docs/methods.md §3), from the config fields in ``params``
+    (``thr_chunk_size`` is the memory knob of :func:`token_hidden_reward_scores`)."""
+
+    params = ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab", "thr_chunk_size")
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.p = float(getattr(args, "thr_p", 0.1))
-        self.keep_below_threshold = bool(getattr(args, "thr_keep_below_threshold", False))
-        self.entropy_quantile = float(getattr(args, "thr_entropy_quantile", 0.0))
-        if not 0.0 <= self.entropy_quantile <= 1.0:
-            raise ValueError(f"thr_entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
+        self.p = float(strategy_param(args, "thr_p"))
+        self.keep_below_threshold = bool(strategy_param(args, "thr_keep_below_threshold"))
+        self.entropy_quantile = float(strategy_param(args, "thr_entropy_quantile"))
 
     def _need_entropy(self) -> bool:
         return self.entropy_quantile > 0
@@ -499,18 +507,19 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
 
 @register_strategy("nthr")
 class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
-    """NTHR (Deng et al. 2025, METHODS §3): incorrect-completion tokens with NTHR > tau get A := eta * A.
+    """NTHR (Deng et al. 2025, docs/methods.md §3): incorrect-completion tokens with NTHR > tau get A := eta * A.
 
-    Config attributes: ``thr_beta``, ``thr_vocab``, ``thr_chunk_size`` as for ``thr``, and
+    Config fields: ``thr_beta``, ``thr_vocab``, ``thr_chunk_size`` as for ``thr``, and
     ``nthr_length_normalized`` (default False): False scores a token by its unnormalised influence
     ``sum_{i in P} sum_k alpha <h, h>``, the same scale as the threshold tau (Deng et al.'s NTHR); True uses THR's
     1/|y_i| weights (Corollary 4.2)."""
 
     metric_prefix = "nthr"
+    params = ("thr_beta", "thr_vocab", "thr_chunk_size", "nthr_length_normalized")
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.length_normalized = bool(getattr(args, "nthr_length_normalized", False))
+        self.length_normalized = bool(strategy_param(args, "nthr_length_normalized"))
 
     def _threshold(self, result, mask, positive):
         return result.tau  # Deng et al.'s unnormalised threshold (Eq. 8), on the unnormalised score's scale

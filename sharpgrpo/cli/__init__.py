@@ -1,0 +1,59 @@
+"""One command line for everything: ``sharpgrpo train|eval|compare|plot|tokens|serve [ARGS...]``.
+
+Each subcommand runs its module exactly as ``python -m MODULE ARGS...`` would (``runpy``, as ``__main__``), so
+arguments, exit codes and one-line errors are the module's own; ``sharpgrpo SUBCOMMAND --help`` shows its options.
+``train`` runs ``train.py`` of the source checkout that this package was installed from (``pip install -e .``), the
+readable top-level training script.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+# subcommand -> (module run as __main__, what it does)
+COMMANDS = {
+    "train": ("train.py", "train with a YAML config (train.py)"),
+    "eval": ("sharpgrpo.eval", "evaluate a model or a run on a task (K&K, math, QA, search QA, ...)"),
+    "compare": ("sharpgrpo.compare", "train every (strategy, seed) of one config and compare them"),
+    "plot": ("sharpgrpo.plot", "plot runs' training curves and grad-norm variability"),
+    "tokens": ("sharpgrpo.diagnostics.tokens", "per-token weights and advantages of a run's completions"),
+    "serve": ("sharpgrpo.search.server", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    return "usage: sharpgrpo {" + ",".join(COMMANDS) + "} [ARGS...]\n\n" + "\n".join(lines)
+
+
+def train_script() -> Path:
+    """``train.py`` beside the package (a source checkout); a clear error otherwise."""
+    script = Path(__file__).resolve().parents[2] / "train.py"
+    if not script.is_file():
+        raise SystemExit(
+            f"error: `sharpgrpo train` runs train.py of the source checkout, and there is none at {script}; "
+            "install from a clone (`pip install -e .`) or run `python train.py` there."
+        )
+    return script
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        raise SystemExit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        raise SystemExit(f"error: unknown command {command!r}; must be one of {', '.join(COMMANDS)}.\n{usage()}")
+    target = COMMANDS[command][0]
+    if command == "train":
+        script = train_script()
+        sys.argv = [str(script), *rest]
+        sys.path.insert(0, str(script.parent))
+        runpy.run_path(str(script), run_name="__main__")
+    else:
+        sys.argv = [f"sharpgrpo {command}", *rest]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)

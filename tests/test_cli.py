@@ -1,0 +1,55 @@
+"""`sharpgrpo SUBCOMMAND` (and `python -m sharpgrpo SUBCOMMAND`) runs each CLI exactly as `python -m MODULE` does."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sharpgrpo.cli import COMMANDS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args, timeout=300):
+    env = {**os.environ, "SHARPGRPO_DEBUG": "0", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "sharpgrpo", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_no_command_prints_the_commands_and_fails():
+    result = run()
+    assert result.returncode == 2
+    for name in COMMANDS:
+        assert f"  {name} " in result.stdout
+
+
+def test_unknown_command_is_one_clear_error():
+    result = run("fit")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[0] == (
+        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, serve."
+    )
+
+
+def test_subcommand_help_is_the_module_help():
+    command = "plot"
+    module = COMMANDS[command][0]
+    direct = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    via_cli = run(command, "--help")
+    assert via_cli.returncode == direct.returncode == 0
+    # the options listed are the module's own (argparse's program name aside)
+    assert via_cli.stdout.split("options:")[-1] == direct.stdout.split("options:")[-1]
+
+
+def test_train_runs_train_py_with_its_one_line_errors(tmp_path):
+    result = run("train", "--config", str(REPO / "configs" / "demo.yaml"), "--thr_p", "nan",
+                 "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith("error: thr_p=nan: must be a finite number in [-1, 1].")
+    assert not (tmp_path / "out").exists()
+
+
+def test_console_script_is_declared():
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'sharpgrpo = "sharpgrpo.cli:main"' in text
