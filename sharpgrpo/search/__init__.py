@@ -1,4 +1,4 @@
-"""The agentic search setting (GRPO-SG's third; Search-R1 format; METHODS §6; README "Search").
+"""The agentic search setting (GRPO-SG's third; Search-R1 format; README "Search").
 
 * :mod:`~sharpgrpo.search.config`: ``SearchArguments`` (retrieval server, episode limits), parsed by ``train.py``;
 * :mod:`~sharpgrpo.search.format`: Search-R1's prompt, query extraction and passage formatting;

@@ -113,7 +113,7 @@ def test_episode_ends_at_a_second_eos_id():
         def generate(self, rows, max_tokens, stop):
             return [(text + [other_eos] + text, None) for _ in rows]
 
-    limits = SearchLimits(max_completion_length=200, max_search_turns=2, max_turn_tokens=100)
+    limits = SearchLimits(max_completion_length=200, max_search_turns=2, max_turn_tokens=100, invalid_action="end")
     prompt = [tokenizer("Q?", add_special_tokens=False)["input_ids"]]
     (episode,) = run_episodes(prompt, Backend(), lambda q: [[] for _ in q], tokenizer, limits)
     assert episode.end_reason == "turn_tokens"  # only the tokenizer's EOS: the id is ordinary text
