@@ -23,7 +23,10 @@ class RetrievalError(RuntimeError):
 
 
 class RetrievalClient:
-    """``retrieve(queries, topk)`` -> per query, a list of ``{"document": {"id", "contents"}, "score"?}``."""
+    """``retrieve(queries, topk)`` -> per query, a list of ``{"document": {"id", "contents"}, "score"?}``; at most
+    ``max_queries`` queries per request (our server refuses larger ones)."""
+
+    max_queries = 512
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5):
         if not url.startswith(("http://", "https://")):
@@ -74,6 +77,9 @@ class RetrievalClient:
         answered in."""
         if not queries:
             return []
+        if len(queries) > self.max_queries:
+            return [hits for start in range(0, len(queries), self.max_queries)
+                    for hits in self.retrieve(queries[start : start + self.max_queries], topk, return_scores)]
         payload = {"queries": list(queries), "topk": int(topk), "return_scores": bool(return_scores)}
         last_error: Exception | None = None
         start = time.perf_counter()
