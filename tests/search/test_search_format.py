@@ -26,10 +26,10 @@ PROBES = [
     ("", False),
     ("<think> 3 < 4 </think><answer> yes </answer>", True),  # a `<` inside a block
     ("<think> a </think><answer> x <b> y </answer>", True),
-    ("<think> a </think><search> q </search>\n\n<information>Doc 1(Title: T) a <i>b</i> c</information>\n\n"
-     "<think> b </think><answer> c </answer>", True),  # markup inside retrieved text
-    ("<think> a </think><search> q </search>\n\n<information>Doc 1 <think>x</think></information>\n\n"
-     "<think> b </think><answer> c </answer>", False),  # one of the four tags inside retrieved text
+    (("<think> a </think><search> q </search>\n\n<information>Doc 1(Title: T) a <i>b</i> c</information>\n\n"
+      "<think> b </think><answer> c </answer>"), True),  # markup inside retrieved text
+    (("<think> a </think><search> q </search>\n\n<information>Doc 1 <think>x</think></information>\n\n"
+      "<think> b </think><answer> c </answer>"), False),  # one of the four tags inside retrieved text
     ("<think> a </think><search> x<y </search>" + INFO + "<think> b </think><answer> c </answer>", True),
     ("<think> a <= b </think><answer> <3 </answer>", True),
     ("  \n<think> a </think>  <answer> c </answer>  \n", True),
@@ -62,8 +62,8 @@ def test_state_machine_equals_the_grammar_on_random_sequences():
     pieces = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>",
               "</answer>", " ", "\n", "x", "a < b", "<b>", "</i>", "<thinking>"]
     valid_shapes = ["<think>{}</think>{}<answer>{}</answer>",
-                    "<think>{}</think><search>{}</search>{}<information>{}</information><think>{}</think>"
-                    "<answer>{}</answer>"]
+                    ("<think>{}</think><search>{}</search>{}<information>{}</information><think>{}</think>"
+                     "<answer>{}</answer>")]
     rng = random.Random(0)
     seen_valid = 0
     for trial in range(20000):

@@ -16,6 +16,7 @@ retrieval server.
 
 import json
 import threading
+import typing
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,7 +47,7 @@ def batch_search(queries, num, return_score):
 
 
 class Handler(BaseHTTPRequestHandler):
-    requests_seen: list = []
+    requests_seen: typing.ClassVar[list] = []
 
     def log_message(self, *args):
         pass

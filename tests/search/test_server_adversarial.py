@@ -16,6 +16,7 @@ pytest.importorskip("bm25s", reason="the retrieval server needs the `search` ext
 
 from sharpgrpo.search.client import RetrievalClient
 from sharpgrpo.search.server import RetrievalServerProcess
+
 MAX_BODY_BYTES, MAX_QUERIES = 4 << 20, 1024
 
 CORPUS = ['"Paris"\nParis is the capital of France.', '"Berlin"\nBerlin is the capital of Germany.']
@@ -99,8 +100,8 @@ def test_bad_corpus_lines_are_named_in_one_line(tmp_path):
 
 
 def run_cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "sharpgrpo.search.server", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "sharpgrpo.search.server", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout, check=False)
 
 
 def test_busy_and_invalid_ports_fail_before_indexing(tmp_path):
