@@ -100,8 +100,8 @@ def test_bad_corpus_lines_are_named_in_one_line(tmp_path):
 
 
 def run_cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "sharpgrpo.search.server", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout, check=False)
+    command = [sys.executable, "-m", "sharpgrpo.search.server", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_busy_and_invalid_ports_fail_before_indexing(tmp_path):
