@@ -65,7 +65,7 @@ def test_search_qa_uses_transformers_under_auto_and_refuses_vllm(tmp_path, monke
     with pytest.raises(ValueError, match="not vllm"):
         runner.build_generator(runner.dataclasses.replace(config, backend="vllm"), tmp_path)
     assert not loaded  # refused before loading anything
-    assert runner.choose_backend("auto") == "vllm"
+    assert generation.choose_backend("auto") == "vllm"
     with pytest.raises(Loading):
         runner.build_generator(config, tmp_path)  # auto: went on to the transformers loader
     assert loaded
