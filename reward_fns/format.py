@@ -35,31 +35,57 @@ def think_format_reward(prompts, completions, **kwargs) -> list[float]:
 # Search-R1's multi-turn format
 
 
-_SEARCH_TAG = re.compile(r"</?(?:think|search|information|answer)>")
-# Search-R1's state machine (`is_valid_sequence` of its `qa_em_format.py`): think, then any number of
-# search -> information -> think rounds, then answer; only whitespace between a closing tag and the next opening.
-_SEARCH_SEQUENCE = re.compile(
-    r"<think>[^<]*</think>\s*(?:<search>[^<]*</search>\s*<information>.*?</information>\s*<think>[^<]*</think>\s*)*"
-    r"<answer>[^<]*</answer>\s*",
-    re.DOTALL,
-)
+_SEARCH_TAG = re.compile(r"(</?(?:think|search|information|answer)>)")
+# Search-R1's state machine (`is_valid_sequence` in its `verl/utils/reward_score/qa_em_format.py`): for each state,
+# the tags it accepts and the state each leads to. Any text may stand inside a block (other tags excepted, since every
+# tag is a transition); between blocks only whitespace.
+_TRANSITIONS = {
+    "start": {"<think>": "in_think"},
+    "in_think": {"</think>": "after_think"},
+    "after_think": {"<search>": "in_search", "<answer>": "in_answer"},
+    "in_search": {"</search>": "after_search"},
+    "after_search": {"<information>": "in_information"},
+    "in_information": {"</information>": "after_information"},
+    "after_information": {"<think>": "in_think"},
+    "in_answer": {"</answer>": "end"},
+    "end": {},
+}
+_INSIDE_A_BLOCK = {"in_think", "in_search", "in_information", "in_answer"}
+
+
+def is_search_r1_sequence(text: str) -> bool:
+    """Whether ``text`` (the response after the assistant marker) is ``<think>...</think>``, then any number of
+    ``<search>...</search> <information>...</information> <think>...</think>`` rounds, then
+    ``<answer>...</answer>``, as Search-R1's format check decides."""
+    state = "start"
+    for piece in _SEARCH_TAG.split(text):
+        if not piece.strip():
+            continue
+        if _SEARCH_TAG.fullmatch(piece):
+            state = _TRANSITIONS[state].get(piece)
+            if state is None:
+                return False
+        elif state not in _INSIDE_A_BLOCK:
+            return False
+    return state == "end"
 
 
 def search_format_score(text: str) -> float:
-    """1.0 for a whole Search-R1 episode (see ``search_format_reward``), 0.5 for a closed ``<answer>`` block at
-    the end of an otherwise malformed text, else 0.0."""
-    text = text.strip()
-    if _SEARCH_SEQUENCE.fullmatch(text) is not None:
+    """1.0 for a whole Search-R1 episode (``is_search_r1_sequence``), 0.5 for an otherwise malformed text that ends
+    with a closed ``<answer>`` block, else 0.0."""
+    if is_search_r1_sequence(text):
         return 1.0
-    return 0.5 if re.search(r"<answer>[^<]*</answer>\s*$", text) else 0.0
+    text = text.rstrip()
+    return 0.5 if text.endswith("</answer>") and "<answer>" in text[: -len("</answer>")] else 0.0
 
 
 @register_reward("search_format", columns=())
 def search_format_reward(prompts, completions, **kwargs) -> list[float]:
     """Search-R1 format reward for multi-turn search episodes: 1.0 when the completion is ``<think>...</think>``,
     then zero or more ``<search>...</search> <information>...</information> <think>...</think>`` rounds, then
-    ``<answer>...</answer>`` and nothing else (whitespace between blocks; no other tag inside ``think``, ``search``
-    or ``answer``); 0.5 when the completion at least ends with a closed ``<answer>`` block; else 0.0.
+    ``<answer>...</answer>`` and nothing else (whitespace between blocks; inside a block any text but these four
+    tags), exactly Search-R1's ``is_valid_sequence`` on the text after the assistant marker; 0.5 when the completion
+    at least ends with a closed ``<answer>`` block; else 0.0.
 
     Gives the tiny search demo a learning signal that exact match alone (-1 for almost every answer) does not."""
     completions = as_list(completions)

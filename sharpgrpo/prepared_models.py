@@ -15,13 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sharpgrpo.registry import Registry
+from sharpgrpo.settings import load_settings
 
-PREPARED_MODELS: Registry[Callable[[Path], Path]] = Registry("prepared model")
+# Settings (sharpgrpo.settings) register their prepared models on the first lookup.
+PREPARED_MODELS: Registry[Callable[[Path], Path]] = Registry("prepared model", load=load_settings)
 register_prepared_model = PREPARED_MODELS.register
 
 # Modules whose import registers prepared models; imported on the first lookup, so that resolving a hub id or a
 # local path imports none of them.
-BUILTIN_MODEL_MODULES = ("sharpgrpo.tiny", "sharpgrpo.search.tiny")
+BUILTIN_MODEL_MODULES = ("sharpgrpo.tiny",)
 
 
 def default_cache_dir() -> Path:

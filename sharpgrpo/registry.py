@@ -31,11 +31,18 @@ def import_from_path(path: str):
 
 
 class Registry(Generic[T]):
-    """A registry of named objects of one kind (``kind`` appears in error messages)."""
+    """A registry of named objects of one kind (``kind`` appears in error messages). ``load``, if given, is called
+    before each lookup, e.g. to import the modules that register entries (``sharpgrpo.settings.load_settings``)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, load: Callable[[], None] | None = None):
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._load = load
+
+    def _loaded(self) -> dict[str, T]:
+        if self._load is not None:
+            self._load()
+        return self._entries
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: ``@registry.register("name")``. A duplicate name is an error."""
@@ -50,7 +57,7 @@ class Registry(Generic[T]):
 
     def get(self, name_or_path: str) -> T:
         """Look up a registered name, or import a dotted path (a name containing '.' or ':')."""
-        if name_or_path in self._entries:
+        if name_or_path in self._loaded():
             return self._entries[name_or_path]
         if "." in name_or_path or ":" in name_or_path:
             return import_from_path(name_or_path)
@@ -60,10 +67,10 @@ class Registry(Generic[T]):
         )
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._loaded())
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        return name in self._loaded()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

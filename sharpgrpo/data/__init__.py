@@ -16,8 +16,9 @@ its reward function reads (``solution_text_format`` for ``kk``, ``answer`` for `
 from __future__ import annotations
 
 from sharpgrpo.registry import Registry
+from sharpgrpo.settings import load_settings
 
-DATASETS = Registry("dataset")
+DATASETS = Registry("dataset", load=load_settings)  # settings (sharpgrpo.settings) register theirs on first lookup
 register_dataset = DATASETS.register
 
 
@@ -38,4 +39,4 @@ def load_train_dataset(name_or_path: str, **kwargs):
 
 
 # Importing the submodules registers their datasets (they need DATASETS, defined above).
-from sharpgrpo.data import kk, math, search_qa  # noqa: E402,F401
+from sharpgrpo.data import kk, math  # noqa: F401

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sharpgrpo.cli_checks import check_model_source
-from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator, choose_backend
+from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
@@ -260,15 +260,11 @@ def _problem_seed(base: int, problem_id: str) -> int:
     return (base * 1_000_003 + zlib.crc32(problem_id.encode())) % (2**31)
 
 
-def build_generator(config: EvalConfig, workdir: Path):
+def build_generator(config: EvalConfig, workdir: Path, task: EvalTask | None = None):
     from sharpgrpo.evaluation.models import load_model_and_tokenizer, load_tokenizer, merged_model_directory
 
-    if config.task == "search_qa":  # multi-turn episodes on transformers generate (sharpgrpo.search.evaluation)
-        from sharpgrpo.search.evaluation import search_backend
-
-        backend = search_backend(config.backend)
-    else:
-        backend = choose_backend(config.backend)
+    task = task if task is not None else EVAL_TASKS.get(config.task)()
+    backend = task.backend(config.backend)
     if backend == "vllm":
         path = merged_model_directory(config.model, workdir)
         return backend, VLLMGenerator(
@@ -311,15 +307,8 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         config = dataclasses.replace(config, max_new_tokens=budget)
         if config.progress:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
-    if config.task == "search_qa" and (config.max_obs_tokens is None or config.max_turn_tokens is None):
-        from sharpgrpo.search.evaluation import run_episode_limits
-
-        limits, source = run_episode_limits(config.model)
-        config = dataclasses.replace(config, **{k: v for k, v in limits.items() if getattr(config, k) is None})
-        if config.progress:
-            print(f"max_obs_tokens = {config.max_obs_tokens}, max_turn_tokens = {config.max_turn_tokens} "
-                  f"({source or 'defaults'})", file=sys.stderr)
     task: EvalTask = EVAL_TASKS.get(config.task)()
+    config = task.prepare_config(config)
     paths = output_paths(config.output)
     settings = result_settings(config)
     problems = task.load_problems(config)
@@ -344,11 +333,8 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
                 if handle.read(1) != b"\n":
                     handle.write(b"\n")
         with tempfile.TemporaryDirectory(prefix="sharpgrpo-eval-") as workdir, contextlib.ExitStack() as stack:
-            backend, generator = build_generator(config, Path(workdir))
-            if config.task == "search_qa":  # multi-turn rollouts against a retrieval server (sharpgrpo.search)
-                from sharpgrpo.search.evaluation import search_generator
-
-                generator = search_generator(config, generator, workdir, stack)
+            backend, generator = build_generator(config, Path(workdir), task)
+            generator = task.wrap_generator(config, generator, workdir, stack)  # e.g. multi-turn episodes
             if hasattr(generator, "prompts_per_call"):
                 size_of = lambda p: generator.prompts_per_call(config.n_samples if p.sampled else 1)
             else:
@@ -383,8 +369,8 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
                             "truncated": [s["truncated"] for s in samples],
                             "correct": flags,
                         }
-                        if "search" in samples[0]:
-                            record["search"] = [s["search"] for s in samples]
+                        for key in samples[0].keys() - {"text", "num_tokens", "truncated"}:  # e.g. episode details
+                            record[key] = [s[key] for s in samples]
                         handle.write(json.dumps(record, default=str) + "\n")
                         finished[problem.id] = record
                     handle.flush()

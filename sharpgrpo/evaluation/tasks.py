@@ -23,8 +23,9 @@ from sharpgrpo.data.math import MATH_PROMPT
 from sharpgrpo.evaluation.metrics import mean_avg_at_k, mean_pass_at_k, pass_k_values
 from sharpgrpo.evaluation.report import fraction, markdown_table, percent
 from sharpgrpo.registry import Registry
+from sharpgrpo.settings import load_settings
 
-EVAL_TASKS: Registry[type] = Registry("evaluation task")
+EVAL_TASKS: Registry[type] = Registry("evaluation task", load=load_settings)  # settings add theirs (sharpgrpo.settings)
 
 KK_PEOPLE = tuple(range(2, 9))
 KK_SHARED_SOURCES = {"shared:regen": "regen", "shared:logicrl": "logicrl"}
@@ -150,6 +151,22 @@ class EvalTask:
 
     def markdown(self, summary: dict[str, Any], label: str) -> str:
         raise NotImplementedError
+
+    # Hooks of a setting's task (sharpgrpo.settings); the defaults are single-turn generation.
+    def backend(self, requested: str) -> str:
+        """The evaluator backend (``auto``, ``vllm`` or ``transformers`` requested) this task runs on."""
+        from sharpgrpo.evaluation.generation import choose_backend
+
+        return choose_backend(requested)
+
+    def prepare_config(self, config):
+        """The configuration completed before anything runs (e.g. defaults read from the trained run)."""
+        return config
+
+    def wrap_generator(self, config, generator, workdir: str, stack):
+        """The generator the evaluation uses: ``generator`` itself, or one wrapping it (e.g. multi-turn episodes);
+        resources it needs are entered on ``stack`` (an ``ExitStack`` closed after the evaluation)."""
+        return generator
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -494,62 +511,4 @@ class QATask(EvalTask):
             "QA exact match (%), greedy, closed-book (no retriever).\n\n"
             + markdown_table(headers, [row])
             + f"\nQuestions per data set: {counts}.\n"
-        )
-
-
-@EVAL_TASKS.register("search_qa")
-class SearchQATask(QATask):
-    """Search QA with retrieval (METHODS §6): the multi-turn Search-R1 rollout of training, greedy, against
-    ``--retrieval_url`` or a server started from ``--retrieval_corpus``. ``data``: empty (the shared set's test
-    split), ``shared:train|test|all``, or QA files / hub ids as for ``qa`` (rows without a prompt get Search-R1's)."""
-
-    name = "search_qa"
-
-    def load_problems(self, config) -> list[Problem]:
-        from sharpgrpo.search.data import search_qa_rows
-        from sharpgrpo.search.format import make_prompt
-
-        data = list(config.data) or ["shared:test"]
-        problems = []
-        for item in data:
-            if item.startswith("shared:"):
-                for row in search_qa_rows(item.split(":", 1)[1]):
-                    problems.append(
-                        Problem(id=f"{row['data_source']}/{row['id']}", group=row["data_source"], prompt=row["prompt"],
-                                reference={"golden_answers": row["golden_answers"]})
-                    )
-                continue
-            files = _expand_local(item)
-            if files is not None:
-                raw = [(r, path.stem) for path in files for r in _read_records(path)]
-            else:
-                import datasets
-
-                raw = [(r, item.split("/")[-1]) for r in datasets.load_dataset(item, split=config.qa_split)]
-            positions = defaultdict(int)
-            for record, default_name in raw:
-                record = dict(record)
-                if record.get("prompt") is None and record.get("question") is not None:
-                    record["prompt"] = make_prompt(record["question"])
-                ((name, row),) = qa_rows([record], default_name)
-                problems.append(Problem(id=f"{name}/{positions[name]}", group=name, prompt=row["prompt"],
-                                        reference={"golden_answers": row["golden_answers"]}))
-                positions[name] += 1
-        return _limit(problems, config.limit)
-
-    def summarize(self, records):
-        from sharpgrpo.search.evaluation import search_summary
-
-        summary = super().summarize(records)
-        summary["search"] = search_summary(records)
-        return summary
-
-    def markdown(self, summary, label):
-        search = summary["search"]
-        table = super().markdown(summary, label).replace("closed-book (no retriever)", "with retrieval (Search-R1 rollout)")
-        if search["turns_mean"] is None:
-            return table
-        return table + (
-            f"Turns per question {search['turns_mean']:.2f}, searches per question {search['searches_mean']:.2f}, "
-            f"gold answer in a retrieved passage for {percent(search['frac_answer_retrieved'], 1)}% of questions.\n"
         )

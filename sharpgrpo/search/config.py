@@ -1,4 +1,4 @@
-"""``SearchArguments``: the options of the agentic search setting (METHODS §6), parsed by ``train.py`` beside
+"""``SearchArguments``: the options of the agentic search setting, parsed by ``train.py`` beside
 ``SharpGRPOConfig`` (TRL's ``TrlParser``) and read by ``sharpgrpo.eval --task search_qa``."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ SEARCH_ARGS_JSON = "search_args.json"  # a run's SearchArguments, beside its tra
 # What each option accepts (sharpgrpo.validation, the same layer as SharpGRPOConfig's FIELD_RULES).
 SEARCH_FIELD_RULES = {
     "retriever": one_of(*RETRIEVERS),
+    "invalid_action": one_of("retry", "end"),
     "max_search_turns": integer(1),
     "retrieval_topk": integer(1),
     "max_obs_tokens": integer(1),
@@ -58,12 +59,13 @@ class SearchArguments:
     max_search_turns: int = field(
         default=4,
         metadata={
-            "help": "Most searches per episode (Search-R1 max_turns; METHODS §6: 4). A search asked for after the "
-            "last one ends the episode (its text is kept, no retrieval)."
+            "help": "Turns with an action per episode (Search-R1's max_turns): every turn counts, a search or an "
+            "invalid turn retried; one last turn follows, in which a search or an invalid turn ends the episode (its "
+            "text is kept, no retrieval)."
         },
     )
     retrieval_topk: int = field(
-        default=3, metadata={"help": "Passages appended per search (Search-R1 / METHODS §6: k = 3)."}
+        default=3, metadata={"help": "Passages appended per search (Search-R1: k = 3)."}
     )
     max_obs_tokens: int = field(
         default=500,
@@ -95,6 +97,16 @@ class SearchArguments:
         metadata={
             "help": "Stop a turn at </answer> as Search-R1 does, and append an end-of-sequence token with env_mask 0 "
             "(so TRL sees the episode as finished, and the model is not trained on a token it did not sample)."
+        },
+    )
+
+    invalid_action: str = field(
+        default="retry",
+        metadata={
+            "help": "A turn without a `<search>...</search>` or `<answer>...</answer>` pair (end of sequence, an "
+            "unclosed or malformed tag, cut by max_turn_tokens): `retry` appends Search-R1's 'My previous action is "
+            "invalid. ... Let me try again.' (env_mask 0) and lets the model continue, as Search-R1 does; `end` ends "
+            "the episode there."
         },
     )
 

@@ -1,5 +1,5 @@
 """The shared search-QA set (../shared/data/qa, SOURCES.md there): 200 questions whose answers are in a 9,002-passage
-corpus, split reproducibly into train and test, with Search-R1's prompt (METHODS §6)."""
+corpus, split reproducibly into train and test, with Search-R1's prompt."""
 
 from __future__ import annotations
 

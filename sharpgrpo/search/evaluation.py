@@ -4,8 +4,10 @@ against a retrieval server; reports EM, turns and searches per question, and how
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
+from sharpgrpo.evaluation.tasks import EVAL_TASKS, Problem, QATask
 from sharpgrpo.search.rollout import HFGenerateBackend, SearchLimits, answer_retrieved, run_episodes
 
 
@@ -30,8 +32,8 @@ def run_episode_limits(model: str) -> tuple[dict[str, int], str | None]:
     import json
     from pathlib import Path
 
-    from sharpgrpo.search.config import SEARCH_ARGS_JSON
     from sharpgrpo.prepared_models import resolve_model_name
+    from sharpgrpo.search.config import SEARCH_ARGS_JSON
 
     path = Path(resolve_model_name(model))
     for folder in (path, path.parent):
@@ -132,3 +134,82 @@ def search_generator(config, generator, workdir, stack):
         raise ValueError("--task search_qa needs --retrieval_url or --retrieval_corpus.")
     client = stack.enter_context(retrieval_session(search_args, workdir))
     return SearchEvalGenerator(generator, client, search_args)
+
+
+@EVAL_TASKS.register("search_qa")
+class SearchQATask(QATask):
+    """Search QA with retrieval: the multi-turn Search-R1 rollout of training, greedy, against
+    ``--retrieval_url`` or a server started from ``--retrieval_corpus``. ``data``: empty (the shared set's test
+    split), ``shared:train|test|all``, or QA files / hub ids as for ``qa`` (rows without a prompt get Search-R1's)."""
+
+    name = "search_qa"
+
+    def load_problems(self, config) -> list[Problem]:
+        from sharpgrpo.evaluation.tasks import _expand_local, _limit, _read_records, qa_rows
+        from sharpgrpo.search.data import search_qa_rows
+        from sharpgrpo.search.format import make_prompt
+
+        data = list(config.data) or ["shared:test"]
+        problems = []
+        for item in data:
+            if item.startswith("shared:"):
+                for row in search_qa_rows(item.split(":", 1)[1]):
+                    problems.append(
+                        Problem(id=f"{row['data_source']}/{row['id']}", group=row["data_source"], prompt=row["prompt"],
+                                reference={"golden_answers": row["golden_answers"]})
+                    )
+                continue
+            files = _expand_local(item)
+            if files is not None:
+                raw = [(r, path.stem) for path in files for r in _read_records(path)]
+            else:
+                import datasets
+
+                raw = [(r, item.split("/")[-1]) for r in datasets.load_dataset(item, split=config.qa_split)]
+            positions = defaultdict(int)
+            for record, default_name in raw:
+                record = dict(record)
+                if record.get("prompt") is None and record.get("question") is not None:
+                    record["prompt"] = make_prompt(record["question"])
+                ((name, row),) = qa_rows([record], default_name)
+                problems.append(Problem(id=f"{name}/{positions[name]}", group=name, prompt=row["prompt"],
+                                        reference={"golden_answers": row["golden_answers"]}))
+                positions[name] += 1
+        return _limit(problems, config.limit)
+
+    def summarize(self, records):
+        summary = super().summarize(records)
+        summary["search"] = search_summary(records)
+        return summary
+
+    def markdown(self, summary, label):
+        from sharpgrpo.evaluation.report import percent
+
+        search = summary["search"]
+        table = super().markdown(summary, label).replace("closed-book (no retriever)", "with retrieval (Search-R1 rollout)")
+        if search["turns_mean"] is None:
+            return table
+        return table + (
+            f"Turns per question {search['turns_mean']:.2f}, searches per question {search['searches_mean']:.2f}, "
+            f"gold answer in a retrieved passage for {percent(search['frac_answer_retrieved'], 1)}% of questions.\n"
+        )
+
+    # Hooks (sharpgrpo.settings): episodes on transformers, the run's episode limits, a retrieval session.
+    def backend(self, requested: str) -> str:
+        return search_backend(requested)
+
+    def prepare_config(self, config):
+        import dataclasses
+        import sys
+
+        if config.max_obs_tokens is not None and config.max_turn_tokens is not None:
+            return config
+        limits, source = run_episode_limits(config.model)
+        config = dataclasses.replace(config, **{k: v for k, v in limits.items() if getattr(config, k) is None})
+        if config.progress:
+            print(f"max_obs_tokens = {config.max_obs_tokens}, max_turn_tokens = {config.max_turn_tokens} "
+                  f"({source or 'defaults'})", file=sys.stderr)
+        return config
+
+    def wrap_generator(self, config, generator, workdir, stack):
+        return search_generator(config, generator, workdir, stack)

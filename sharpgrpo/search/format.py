@@ -1,7 +1,8 @@
-"""The Search-R1 text format (Jin et al. 2025; METHODS §6): prompt, search query, retrieved passages."""
+"""The Search-R1 text format (Jin et al. 2025): prompt, search query, retrieved passages."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
@@ -18,22 +19,30 @@ SEARCH_R1_PROMPT = (
     "</answer>. Question: {question}\n"
 )
 
+# Appended (env_mask 0) after a turn without a valid action, word for word Search-R1's `execute_predictions`
+# (search_r1/llm_agent/generation.py): the model then gets another turn.
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+# An action: the first `<search>...</search>` or `<answer>...</answer>` pair of a turn (Search-R1's
+# `postprocess_predictions`); the text between the tags may hold anything, other tags included.
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+def parse_action(text: str) -> tuple[str | None, str]:
+    """``("search" | "answer", stripped text between the tags)`` of the first action in ``text``; ``(None, "")``
+    when there is none (an invalid turn)."""
+    match = _ACTION.search(text)
+    return (match.group(1), match.group(2).strip()) if match else (None, "")
+
+
 def make_prompt(question: str) -> str:
     """Search-R1's prompt for ``question`` (stripped, with a final ``?`` added if missing, as Search-R1 does)."""
     question = question.strip()
     if question and question[-1] != "?":
         question += "?"
     return SEARCH_R1_PROMPT.format(question=question)
-
-
-def extract_query(text: str) -> str | None:
-    """The text between the last ``</search>`` of ``text`` and the last ``<search>`` before it, stripped; None if
-    either tag is missing. (Search-R1's regex would return ``"a <search> b"`` for ``<search> a <search> b</search>``.)"""
-    end = text.rfind(SEARCH_CLOSE)
-    start = text.rfind(SEARCH_OPEN, 0, max(end, 0))
-    if end < 0 or start < 0:
-        return None
-    return text[start + len(SEARCH_OPEN) : end].strip()
 
 
 def split_title(contents: str) -> tuple[str, str]:
@@ -53,5 +62,5 @@ def format_passages(documents: Sequence[dict]) -> str:
 
 
 def information_block(passages: str) -> str:
-    """The observation appended after ``</search>`` (METHODS §6)."""
+    """The observation appended after ``</search>`` (Search-R1's `execute_predictions`)."""
     return f"\n\n{INFO_OPEN}{passages.strip()}{INFO_CLOSE}\n\n"

@@ -1,12 +1,18 @@
-"""Multi-turn Search-R1 rollouts (METHODS §6) for TRL's ``rollout_func`` and for evaluation.
+"""Multi-turn Search-R1 rollouts for TRL's ``rollout_func`` and for evaluation.
 
-An episode alternates generation and retrieval. Each turn the model generates until ``</search>``, ``</answer>``
-(``stop_at_answer``), end of sequence, ``max_turn_tokens`` or the completion budget (``max_completion_length``
-minus what the episode already holds). At ``</search>`` the query (the text in the last ``<search>`` tags of the
-turn) is sent to the retriever and ``\\n\\n<information>Doc 1(Title: T) text ...</information>\\n\\n`` is appended,
-cut to ``max_obs_tokens`` and to the budget. At most ``max_search_turns`` searches; a search asked for after that
-ends the episode. The sampled token ids are kept exactly as sampled (a turn is never decoded and re-encoded); the
-appended tokens get ``env_mask`` 0, which TRL turns into ``tool_mask`` (no loss, no strategy statistic).
+An episode alternates generation and retrieval (Search-R1's ``run_llm_loop``). Each turn the model generates until
+``</search>``, ``</answer>`` (``stop_at_answer``), end of sequence, ``max_turn_tokens`` or the completion budget
+(``max_completion_length`` minus what the episode already holds). The turn's action is its first
+``<search>...</search>`` or ``<answer>...</answer>`` pair, as in Search-R1's ``postprocess_predictions``: a search
+sends the text between the tags to the retriever and appends
+``\\n\\n<information>Doc 1(Title: T) text ...</information>\\n\\n``, cut to ``max_obs_tokens`` and to the budget; an
+answer ends the episode. A turn without an action (end of sequence, an unclosed or malformed tag, a cut by
+``max_turn_tokens``) is invalid: with ``invalid_action="retry"`` Search-R1's "My previous action is invalid ... Let
+me try again." is appended and the model continues (a sampled end-of-sequence token is dropped first: TRL masks
+everything after the first one); with ``"end"`` the episode ends there. Every turn counts: after
+``max_search_turns`` turns one last turn is generated, in which neither a search nor a retry happens. The sampled
+token ids are kept exactly as sampled (a turn is never decoded and re-encoded); the appended tokens get ``env_mask``
+0, which TRL turns into ``tool_mask`` (no loss, no strategy statistic).
 
 Several processes: every process runs the same number of generation calls per turn, each with the same number of
 rows (its active rows plus dummy rows whose output is discarded) and the same ``max_tokens``, because vLLM server
@@ -30,11 +36,14 @@ import torch
 from sharpgrpo.search.format import (
     ANSWER_CLOSE,
     INFO_CLOSE,
+    INVALID_ACTION_MESSAGE,
     SEARCH_CLOSE,
-    extract_query,
     format_passages,
     information_block,
+    parse_action,
 )
+
+INVALID_ACTIONS = ("retry", "end")
 
 
 class GenerationBackend(Protocol):
@@ -53,6 +62,11 @@ class SearchLimits:
     max_obs_tokens: int = 500
     max_turn_tokens: int = 500
     stop_at_answer: bool = True
+    invalid_action: str = "retry"
+
+    def __post_init__(self):
+        if self.invalid_action not in INVALID_ACTIONS:
+            raise ValueError(f"invalid_action must be one of {INVALID_ACTIONS}; got {self.invalid_action!r}.")
 
     @classmethod
     def from_args(cls, search_args, max_completion_length: int) -> SearchLimits:
@@ -63,6 +77,7 @@ class SearchLimits:
             max_obs_tokens=search_args.max_obs_tokens,
             max_turn_tokens=search_args.max_turn_tokens,
             stop_at_answer=search_args.stop_at_answer,
+            invalid_action=search_args.invalid_action,
         )
 
     @property
@@ -79,6 +94,7 @@ class Episode:
     logprobs: list[float] | None = field(default_factory=list)
     turns: int = 0  # generation calls
     searches: int = 0  # retrievals done
+    invalid: int = 0  # turns without an action that got another try
     truncated: bool = False  # ended by the budget or max_turn_tokens, not by EOS, </answer> or the turn cap
     done: bool = False
     end_reason: str = ""
@@ -179,30 +195,41 @@ def run_episodes(
             ids = list(ids)
             cut = first_stop(ids, decode, stops, eos_ids)
             end = min(len(ids) if cut is None else cut, budget)
-            ids = ids[:end]
-            episode.extend(ids, 1, None if logprobs is None else list(logprobs)[:end])
+            ids, logprobs = ids[:end], None if logprobs is None else list(logprobs)[:end]
+            ended_by_eos = bool(eos_ids and ids and ids[-1] in eos_ids)
+            action, content = parse_action(decode(ids[:-1] if ended_by_eos else ids))
             episode.turns += 1
-            text = decode(ids)
-            if eos_ids and ids and ids[-1] in eos_ids:
-                episode.finish("eos")
-            elif cut is not None and cut <= budget and SEARCH_CLOSE in text:
-                query = extract_query(text)
-                if episode.searches >= limits.max_search_turns:
+            last_turn = episode.turns > limits.max_search_turns
+            if action is None and limits.invalid_action == "retry" and not last_turn:
+                if ended_by_eos:  # not kept: an EOS inside the completion would end it for TRL
+                    ids, logprobs = ids[:-1], None if logprobs is None else logprobs[:-1]
+                episode.extend(ids, 1, logprobs)
+                room = limits.max_completion_length - len(episode.completion_ids)
+                message = tokenizer(INVALID_ACTION_MESSAGE, add_special_tokens=False)["input_ids"][:max(room, 0)]
+                episode.extend(message, 0, [0.0] * len(message))
+                episode.invalid += 1
+                if len(episode.completion_ids) >= limits.max_completion_length:
+                    episode.finish("budget", truncated=True)
+                continue
+            episode.extend(ids, 1, logprobs)
+            full = len(episode.completion_ids) >= limits.max_completion_length
+            if action == "answer" or ended_by_eos:
+                if not ended_by_eos and not full and eos_ids:
+                    episode.extend(eos_ids[:1], 0, [0.0])  # the environment closes the episode (not trained)
+                episode.finish("eos" if ended_by_eos else "answer")
+            elif action == "search":
+                if last_turn:
                     episode.finish("turn_cap")
-                elif query is None:
-                    episode.finish("no_query")
-                elif len(episode.completion_ids) >= limits.max_completion_length:
+                elif full:
                     episode.finish("budget", truncated=True)
                 else:
-                    queries.append((i, query))
-            elif cut is not None and cut <= budget and ANSWER_CLOSE in text:
-                if len(episode.completion_ids) < limits.max_completion_length and eos_ids:
-                    episode.extend(eos_ids[:1], 0, [0.0])  # the environment closes the episode (not trained)
-                episode.finish("answer")
-            elif len(episode.completion_ids) >= limits.max_completion_length:
+                    queries.append((i, content))
+            elif full:
                 episode.finish("budget", truncated=True)
-            else:  # max_turn_tokens without a stop
+            elif cut is None:  # max_turn_tokens without a stop
                 episode.finish("turn_tokens", truncated=True)
+            else:  # a stop string without an action, e.g. `</search>` without `<search>`
+                episode.finish("turn_cap" if last_turn else "invalid")
         if queries:
             results = retrieve([query for _, query in queries])
             for (i, query), documents in zip(queries, results, strict=True):
@@ -237,6 +264,7 @@ def episode_metrics(episodes: Sequence[Episode], latencies_ms: Sequence[float], 
         "episodes": float(len(episodes)),
         "turns": float(sum(e.turns for e in episodes)),
         "calls": float(sum(e.searches for e in episodes)),
+        "invalid": float(sum(e.invalid for e in episodes)),
         "truncated": float(sum(e.truncated for e in episodes)),
         "latency_ms": float(sum(latencies_ms)),
         "requests": float(len(latencies_ms)),
@@ -256,6 +284,7 @@ def metrics_from_sums(sums: dict) -> dict[str, float]:
     out = {
         "search/turns_mean": sums["turns"] / n,
         "search/calls_mean": sums["calls"] / n,
+        "search/invalid_mean": sums["invalid"] / n,
         "search/frac_truncated": sums["truncated"] / n,
         "search/latency_ms": sums["latency_ms"] / max(sums["requests"], 1.0),
     }

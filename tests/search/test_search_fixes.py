@@ -65,7 +65,7 @@ def test_search_qa_uses_transformers_under_auto_and_refuses_vllm(tmp_path, monke
     with pytest.raises(ValueError, match="not vllm"):
         runner.build_generator(runner.dataclasses.replace(config, backend="vllm"), tmp_path)
     assert not loaded  # refused before loading anything
-    assert runner.choose_backend("auto") == "vllm"
+    assert generation.choose_backend("auto") == "vllm"
     with pytest.raises(Loading):
         runner.build_generator(config, tmp_path)  # auto: went on to the transformers loader
     assert loaded
@@ -113,7 +113,7 @@ def test_episode_ends_at_a_second_eos_id():
         def generate(self, rows, max_tokens, stop):
             return [(text + [other_eos] + text, None) for _ in rows]
 
-    limits = SearchLimits(max_completion_length=200, max_search_turns=2, max_turn_tokens=100)
+    limits = SearchLimits(max_completion_length=200, max_search_turns=2, max_turn_tokens=100, invalid_action="end")
     prompt = [tokenizer("Q?", add_special_tokens=False)["input_ids"]]
     (episode,) = run_episodes(prompt, Backend(), lambda q: [[] for _ in q], tokenizer, limits)
     assert episode.end_reason == "turn_tokens"  # only the tokenizer's EOS: the id is ordinary text
