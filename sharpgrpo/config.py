@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES
+from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES, CW_VARIANTS, released_variant_conflict
 from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
 from sharpgrpo.validation import (
     ConfigError,
@@ -51,6 +51,8 @@ FIELD_RULES = {
     "cw_scope": one_of(*CW_SCOPES),
     "cw_advantage_mean": one_of(*CW_ADVANTAGE_MEANS),
     "cw_sigma_eps": non_negative(),
+    "cw_variant": one_of(*CW_VARIANTS),
+    "cw_weight_gradient": one_of(False, True, allow_none=True),
     "thr_p": between(-1, 1),
     "thr_beta": non_negative(),
     "thr_entropy_quantile": between(0, 1, high_open=True),
@@ -159,6 +161,26 @@ class SharpGRPOConfig(GRPOConfig):
     )
     cw_sigma_eps: float = field(
         default=1e-8, metadata={"help": "`cw_grpo`: if the scope's std of c is below this, w = 1 (METHODS §2)."}
+    )
+    cw_variant: str = field(
+        default="paper",
+        metadata={
+            "help": "`cw_grpo`: `paper` (default): the paper's §2.3 as read above (group statistics from the sampling "
+            "policy, once per generation batch, weights on the advantage). `released`: the authors' released code "
+            "(github WangCheng0116/CW-GRPO, compute_loss): per-micro-batch weights inside the loss from the current "
+            "policy's log-probabilities, logp centred per response, A centred over the micro-batch, sigma = "
+            "population std + 1e-8, renormalised by B x T including padding, w on the policy term only; needs "
+            "loss_type grpo, num_iterations 1, steps_per_generation 1, weight_placement loss, kl_weighting none "
+            "(others are refused); cw_scope, cw_advantage_mean and cw_sigma_eps do not apply to it."
+        },
+    )
+    cw_weight_gradient: bool | None = field(
+        default=None,
+        metadata={
+            "help": "`cw_grpo`: let gradient flow through the weights (as the released code does). None (default): "
+            "the variant's own, true for `released`, false for `paper` (true is refused there: its weights come "
+            "from the sampling policy at generation)."
+        },
     )
     # THR (METHODS §3).
     thr_p: float = field(
@@ -269,6 +291,8 @@ class SharpGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"passk_k={self.passk_k}: must be an integer in [1, num_generations={self.num_generations}]."
             )
+        if "cw_grpo" in self.strategies:
+            self._validate_cw_variant()
         ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
         if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
             raise ConfigError(
@@ -280,6 +304,19 @@ class SharpGRPOConfig(GRPOConfig):
             self._warn_if_flat_weights()
         if self.weight_placement == "ratio" and "weight" in kinds:
             self._warn_ratio_placement()
+
+    def _validate_cw_variant(self) -> None:
+        """`cw_variant: released` only where the configuration computes the released loss (one line naming the
+        setting that does); `cw_weight_gradient: true` only with it."""
+        if self.cw_variant == "released":
+            conflict = released_variant_conflict(self)
+            if conflict:
+                raise ConfigError(conflict)
+        elif self.cw_weight_gradient:
+            raise ConfigError(
+                "cw_weight_gradient=True: needs cw_variant: released (the paper variant's weights come from the "
+                "sampling policy at generation, without gradient)."
+            )
 
     def _warn_ratio_placement(self) -> None:
         """`weight_placement: ratio` silences positive-advantage tokens with w > 1 + epsilon_high on-policy; say

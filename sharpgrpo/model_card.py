@@ -44,7 +44,7 @@ STRATEGY_FIELDS: dict[str, tuple[str, ...]] = {
     "equal": ("weight_placement", "kl_weighting"),
     "random": ("random_weight_low", "random_weight_high", "random_weight_seed", "weight_placement", "kl_weighting"),
     "ar": ("ar_alpha",),
-    "cw_grpo": ("cw_scope", "cw_advantage_mean", "cw_sigma_eps"),
+    "cw_grpo": ("cw_variant", "cw_weight_gradient", "cw_scope", "cw_advantage_mean", "cw_sigma_eps"),
     "thr": ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab"),
     "nthr": ("thr_beta", "thr_vocab"),
     "passk_mixed": ("passk_k",),

@@ -477,11 +477,10 @@ class SharpGRPOTrainer(GRPOTrainer):
         weights = bad_weights = None
         if self.weight_strategy is not None:
             weights = getattr(self, "_pinned_weights", None)
-            if weights is None:
-                weights = self.weight_strategy.weights(per_token_logps.detach(), mask)
+            if weights is None:  # detached, unless the strategy's `loss_weights` lets gradient through
+                weights = self.weight_strategy.loss_weights(per_token_logps, mask, advantages)
                 checker = self._strategy_output_checker  # values read with the weight metrics, one sync in all
                 bad_weights = checker.weights(self.weight_strategy, weights, per_token_logps, mask)
-                weights = weights.detach()
                 if getattr(self, "_pin_next_weights", False):
                     self._pinned_weights, self._pin_next_weights = weights, False
 
@@ -647,7 +646,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         Returns ``bad_weights`` (the checker's device count of invalid weights), read in the same synchronisation."""
         metrics = self._metrics[mode]
         valid = mask.bool()
-        w = weights.float()
+        w = weights.detach().float()
         count = valid.sum().float()
         lower, upper = self.weight_strategy.bounds()
         at_lower = (w <= lower + 1e-6).float()
