@@ -27,6 +27,12 @@ Decisions (METHODS §2, where the paper is silent or loose):
 * If ``sigma < sigma_eps`` (default 1e-8; e.g. a group whose rewards are all equal, so A = 0 and c = 0) the
   scope's weights are 1, where the paper's formula would divide 0 by 0.
 
+The authors' released code (github WangCheng0116/CW-GRPO, ``compute_loss`` with ``use_ours``), which their
+reported runs used, computes the weights differently: inside the loss of every micro-batch, from the current
+policy's log-probabilities with gradient, centring logp per response and A over the micro-batch, and renormalising
+by B x T including padding. ``cw_variant: released`` selects it (``released_covariance_weights``,
+``ReleasedCovarianceWeights``, a token-weight strategy); ``paper`` (default) is the reading above.
+
 Numerics: reductions are done in float64. Because w~ is invariant to multiplying a scope's ``w`` by a constant,
 the kernel is evaluated as ``exp(log w - max_scope log w)``: mathematically identical to §2.3, but the sum in the
 denominator is always >= 1, so w~ is finite even where every ``w`` of a scope would underflow to 0 (e.g. all
