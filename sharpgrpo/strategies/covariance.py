@@ -332,8 +332,9 @@ def released_variant_conflict(args: Any) -> str | None:
     required = (
         ("loss_type", "grpo", "each completion's tokens averaged, then the completions"),
         ("num_iterations", 1, "one optimisation step per generation: the ratio is 1 and no clip acts"),
-        ("steps_per_generation", 1, "each micro-batch generated on its own, as in the released trainer; with more, "
-         "TRL shuffles the rows of several micro-batches together and the centring of A would mix their groups"),
+        ("steps_per_generation", 1, ("each micro-batch generated on its own, as in the released trainer; with more, "
+                                     "TRL shuffles the rows of several micro-batches together and the centring of A "
+                                     "would mix their groups")),
         ("weight_placement", "loss", "w~ multiplies the policy term"),
         ("importance_sampling_level", "token", "a per-token ratio, whose gradient is each token's own"),
         ("top_entropy_quantile", 1.0, "every token enters the loss"),
