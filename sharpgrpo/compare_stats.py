@@ -32,6 +32,7 @@ METRICS: dict[str, tuple[str, int]] = {
     "grad_norm_cv": ("Grad-norm CV (std / mean)", -1),
     "grad_norm_spikes": ("Grad-norm spikes", -1),
     "final_entropy": ("Final entropy (mean of last 10% of steps)", +1),
+    "weight_mean": ("Token-weight mean over valid tokens (mean over steps)", +1),
     "seconds_per_step": ("Seconds per step", -1),
     "eval_accuracy": ("Eval accuracy", +1),
 }
@@ -196,6 +197,8 @@ def run_metrics(
     _, grad_norms = metric_series(history, "grad_norm")
     _, entropies = metric_series(history, "entropy")
     _, step_times = metric_series(history, "step_time")
+    _, weight_means = metric_series(history, "token_weight/mean")  # weight strategies; cw_grpo's own name below
+    weight_means = weight_means or metric_series(history, "cw/weight_mean")[1]
     spikes = spike_summary(grad_norms, spike_factor)
     if step_times:
         seconds = statistics.fmean(step_times)
@@ -210,6 +213,7 @@ def run_metrics(
         "grad_norm_cv": spikes["cv"],
         "grad_norm_spikes": spikes["spikes"] if grad_norms else None,
         "final_entropy": final_mean(entropies),
+        "weight_mean": statistics.fmean(weight_means) if weight_means else None,
         "seconds_per_step": seconds,
     }
     metrics.update(eval_accuracy(eval_result))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES
+from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES, CW_VARIANTS, released_variant_conflict
 from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
 from sharpgrpo.validation import (
     ConfigError,
@@ -114,6 +114,19 @@ class SharpGRPOConfig(GRPOConfig):
         one_of(*CW_ADVANTAGE_MEANS),
     )
     cw_sigma_eps: float = param(1e-8, "`cw_grpo`: below this std of c, w = 1.", non_negative())
+    cw_variant: str = param(
+        "paper",
+        "`cw_grpo`: `paper` (the paper's text: group statistics of the sampling policy, weights on the advantage) or "
+        "`released` (the authors' released code: per-micro-batch weights in the loss from the current policy). "
+        "docs/methods.md §2.3.",
+        one_of(*CW_VARIANTS),
+    )
+    cw_weight_gradient: bool | None = param(
+        None,
+        "`cw_grpo`: gradient through the weights; None: the variant's own (true for `released`, false for `paper`, "
+        "where true is refused).",
+        one_of(False, True, allow_none=True),
+    )
     # THR (docs/methods.md §3).
     thr_p: float = param(
         0.1, "`thr`: p of THR Eq. 5; p > 0 favours exploitation (greedy accuracy), p < 0 exploration (pass@k).",
@@ -196,6 +209,8 @@ class SharpGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"passk_k={self.passk_k}: must be an integer in [1, num_generations={self.num_generations}]."
             )
+        if "cw_grpo" in self.strategies:
+            self._validate_cw_variant()
         ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
         if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
             raise ConfigError(
@@ -207,6 +222,19 @@ class SharpGRPOConfig(GRPOConfig):
             self._warn_if_flat_weights()
         if self.weight_placement == "ratio" and "weight" in kinds:
             self._warn_ratio_placement()
+
+    def _validate_cw_variant(self) -> None:
+        """`cw_variant: released` only where the configuration computes the released loss (one line naming the
+        setting that does); `cw_weight_gradient: true` only with it."""
+        if self.cw_variant == "released":
+            conflict = released_variant_conflict(self)
+            if conflict:
+                raise ConfigError(conflict)
+        elif self.cw_weight_gradient:
+            raise ConfigError(
+                "cw_weight_gradient=True: needs cw_variant: released (the paper variant's weights come from the "
+                "sampling policy at generation, without gradient)."
+            )
 
     def _warn_ratio_placement(self) -> None:
         """`weight_placement: ratio` silences positive-advantage tokens with w > 1 + epsilon_high on-policy; say

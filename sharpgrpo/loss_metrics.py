@@ -58,7 +58,7 @@ def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, 
     ``bounds`` is the strategy's (lower, upper). Returns ``bad_weights`` (the output checker's device count of
     invalid weights), read in the same host synchronisation as the metrics."""
     valid = mask.bool()
-    w = weights.float()
+    w = weights.detach().float()
     count = valid.sum().float()
     lower, upper = bounds
     at_lower = (w <= lower + 1e-6).float()

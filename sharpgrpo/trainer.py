@@ -284,11 +284,11 @@ class SharpGRPOTrainer(GRPOTrainer):
         with self._sharpness.around_training_loss(self, model, inputs):  # SAM-style probe when due
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-    def _token_weights(self, per_token_logps, mask) -> tuple[torch.Tensor, torch.Tensor]:
-        """The weight strategy's w (detached) and the output checker's device count of invalid values."""
-        weights = self.weight_strategy.weights(per_token_logps.detach(), mask)
-        bad_weights = self._strategy_output_checker.weights(self.weight_strategy, weights, per_token_logps, mask)
-        return weights.detach(), bad_weights
+    def _token_weights(self, per_token_logps, mask, advantages) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight strategy's w (detached unless its ``loss_weights`` lets gradient through) and the output
+        checker's device count of invalid values."""
+        weights = self.weight_strategy.loss_weights(per_token_logps, mask, advantages)
+        return weights, self._strategy_output_checker.weights(self.weight_strategy, weights, per_token_logps, mask)
 
     def _compute_loss(self, model, inputs):
         """TRL 1.16 ``GRPOTrainer._compute_loss`` for every loss type, with token weights (docs/methods.md §1)."""
@@ -324,7 +324,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         )
         weights = bad_weights = None
         if self.weight_strategy is not None:
-            weights, bad_weights = self._sharpness.pinned(partial(self._token_weights, per_token_logps, mask))
+            weights, bad_weights = self._sharpness.pinned(
+                partial(self._token_weights, per_token_logps, mask, advantages)
+            )
         if self.beta != 0.0:
             per_token_kl = kl_penalty(inputs["ref_per_token_logps"], per_token_logps, weights, args.kl_weighting,
                                       coef_1 if args.use_bias_correction_kl else None)

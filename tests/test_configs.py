@@ -40,6 +40,14 @@ EXPECTED = {
         warmup_steps=0.1, model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", rewards=["math", "think_format"],
         dataset="knoveleng/open-rs",
     ),
+    "cw_grpo_released_math_r1_distill_qwen_1.5b": dict(  # the authors' recipes/gaussian_1.5b.yaml
+        strategies=["cw_grpo"], cw_variant="released", cw_weight_gradient=None, beta=0.04, kl_weighting="none",
+        loss_type="grpo", num_iterations=1, steps_per_generation=1, num_generations=12, temperature=0.7,
+        learning_rate=1e-6, lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
+        max_completion_length=4096, per_device_train_batch_size=12, gradient_accumulation_steps=4, max_steps=300,
+        warmup_steps=0.1, seed=2025, vllm_importance_sampling_correction=False,
+        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", rewards=["math", "think_format"], dataset="knoveleng/open-rs",
+    ),
     "thr_math_exploit_qwen2.5_math_1.5b": dict(
         strategies=["thr"], thr_p=0.1, num_generations=8, temperature=1.0, learning_rate=1e-6, beta=1e-4,
         epsilon=0.2, max_completion_length=3072, model="Qwen/Qwen2.5-Math-1.5B", rewards=["math"],
@@ -57,6 +65,7 @@ BATCHES = {  # name: (GPUs, completions per update, completions per generation)
     "grpo_sg_math_orz_qwen2.5_7b": (8, 512, 1024),
     "grpo_sg_search_qwen2.5_3b": (8, 256, 256),
     "cw_grpo_math_r1_distill_qwen_1.5b": (4, 192, 192),
+    "cw_grpo_released_math_r1_distill_qwen_1.5b": (3, 144, 36),
     "thr_math_exploit_qwen2.5_math_1.5b": (4, 512, 2048),
     "thr_math_explore_qwen2.5_math_1.5b": (4, 512, 2048),
 }

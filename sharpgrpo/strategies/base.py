@@ -101,6 +101,13 @@ class TokenWeightStrategy:
         """(B, T) detached log-probabilities and mask -> (B, T) weights (any value on masked positions)."""
         raise NotImplementedError
 
+    def loss_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+        """The weights the loss of a micro-batch uses: ``weights`` of the detached log-probabilities, detached. A
+        strategy whose weights need the micro-batch's advantages ((B, 1) or (B, T)), or carry gradient, overrides
+        this; ``logps`` are the current policy's, with their graph."""
+        weights = self.weights(logps.detach(), mask)
+        return weights.detach() if isinstance(weights, torch.Tensor) else weights  # the trainer checks the rest
+
     def bounds(self) -> tuple[float, float]:
         """The range the weights can take; tokens at either end are counted in ``token_weight/frac_at_*``."""
         raise NotImplementedError

@@ -27,6 +27,12 @@ Decisions (METHODS §2, where the paper is silent or loose):
 * If ``sigma < sigma_eps`` (default 1e-8; e.g. a group whose rewards are all equal, so A = 0 and c = 0) the
   scope's weights are 1, where the paper's formula would divide 0 by 0.
 
+The authors' released code (github WangCheng0116/CW-GRPO, ``compute_loss`` with ``use_ours``), which their
+reported runs used, computes the weights differently: inside the loss of every micro-batch, from the current
+policy's log-probabilities with gradient, centring logp per response and A over the micro-batch, and renormalising
+by B x T including padding. ``cw_variant: released`` selects it (``released_covariance_weights``,
+``ReleasedCovarianceWeights``, a token-weight strategy); ``paper`` (default) is the reading above.
+
 Numerics: reductions are done in float64. Because w~ is invariant to multiplying a scope's ``w`` by a constant,
 the kernel is evaluated as ``exp(log w - max_scope log w)``: mathematically identical to §2.3, but the sum in the
 denominator is always >= 1, so w~ is finite even where every ``w`` of a scope would underflow to 0 (e.g. all
@@ -36,11 +42,18 @@ advantage, which the loss masks out anyway); they never enter any statistic.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
+from sharpgrpo.strategies.base import (
+    AdvantageStrategy,
+    GenerationBatch,
+    StrategyPaper,
+    TokenWeightStrategy,
+    register_strategy,
+)
 
 CW_SCOPES = ("group", "batch")
 CW_ADVANTAGE_MEANS = ("response", "token")
@@ -208,13 +221,15 @@ class CovarianceWeighting(AdvantageStrategy):
       ``"batch"`` (one scope: every completion of the generation batch handed to the strategy, which the trainer
       gathers from all processes);
     * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, METHODS §2);
-    * ``cw_advantage_mean``: ``"response"`` (default) or ``"token"``, how mean(A) is taken (METHODS §2, revised).
+    * ``cw_advantage_mean``: ``"response"`` (default) or ``"token"``, how mean(A) is taken (METHODS §2, revised);
+    * ``cw_variant``: ``"paper"`` (default, this class) or ``"released"``: constructing the class then returns a
+      :class:`ReleasedCovarianceWeights`, the authors' released loss (a token-weight strategy, see there).
 
     ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (METHODS §2), so the
     weights are computed once per generation batch and reused by every optimisation step on it.
     """
 
-    params = ("cw_scope", "cw_advantage_mean", "cw_sigma_eps")
+    params = ("cw_variant", "cw_weight_gradient", "cw_scope", "cw_advantage_mean", "cw_sigma_eps")
     paper = StrategyPaper(
         "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",
         "Cheng Wang, Qin Liu, Wenxuan Zhou, Muhao Chen. Taming Extreme Tokens: Covariance-Aware GRPO with "
@@ -222,8 +237,20 @@ class CovarianceWeighting(AdvantageStrategy):
         "2605.11538",
     )
 
+    def __new__(cls, args: Any):
+        # `cw_variant: released` computes its weights in the loss instead (a token-weight strategy).
+        if getattr(args, "cw_variant", None) == "released":
+            return ReleasedCovarianceWeights(args)
+        return super().__new__(cls)
+
     def __init__(self, args: Any):
         super().__init__(args)
+        variant = getattr(args, "cw_variant", None) or "paper"
+        if variant not in CW_VARIANTS:
+            raise ValueError(f"cw_variant must be one of {', '.join(map(repr, CW_VARIANTS))}; got {variant!r}.")
+        if released_weight_gradient(args):
+            raise ValueError("cw_weight_gradient=True: needs cw_variant: released (the paper variant's weights come "
+                             "from the sampling policy at generation, without gradient).")
         scope = getattr(args, "cw_scope", None)
         self.scope = "group" if scope is None else scope
         if self.scope not in CW_SCOPES:
@@ -248,3 +275,125 @@ class CovarianceWeighting(AdvantageStrategy):
             advantage_mean=self.advantage_mean,
         )
         return w_tilde.to(batch.advantages.dtype) * batch.advantages.detach(), metrics
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The authors' released variant (`cw_variant: released`)
+# ----------------------------------------------------------------------------------------------------------------
+CW_VARIANTS = ("paper", "released")
+RELEASED_EPS = 1e-8  # the released code's constant: added to each response's token count and to sigma
+
+
+def released_covariance_weights(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """CW-GRPO weights as the authors' released code computes them inside the loss (github WangCheng0116/CW-GRPO,
+    ``src/open_r1/trl/trainer/grpo_trainer.py``, ``compute_loss`` with ``use_ours``), over one micro-batch:
+
+        dlogp[i,t] = logp[i,t] - sum_t m[i,t] logp[i,t] / (|o_i| + 1e-8)      each response's own token mean
+        dA[i]      = A[i] - mean_i A[i]                                          over the micro-batch's rows
+        c[i,t]     = m[i,t] dlogp[i,t] dA[i]
+        sigma      = sqrt(mean over valid tokens of (c - mean c)^2) + 1e-8       population std, one for the batch
+        w[i,t]     = m[i,t] exp(-c[i,t]^2 / (2 sigma^2))
+        w~[i,t]    = w[i,t] B T / sum w          (if sum w > 0)                  B x T counts padded positions too
+
+    so the mean of w~ over valid tokens is B T / sum_i |o_i| >= 1 (above 1 whenever a completion is padded).
+    Differs from §2.3 as read by ``covariance_gaussian_weights`` in the centring of logp (per response, not the
+    group's), of A (the micro-batch, not the group), sigma (+1e-8, no degenerate case: equal advantages give w = 1
+    before renormalisation) and the renormalisation (B T, not the valid tokens).
+
+    Shapes: logps (B, T) float, the current policy's log-probabilities; gradient flows through every step above
+    when ``logps`` requires grad (detach it for weights without gradient); advantages (B,) or (B, 1), one per
+    completion; mask (B, T) {0, 1} or bool -> w~ (B, T) float, 0 on masked positions, in ``logps``' dtype
+    (computed in float64). No host synchronisation: the trainer's ``token_weight/*`` metrics describe w~.
+    """
+    if logps.dim() != 2 or mask.shape != logps.shape:
+        raise ValueError(f"logps and mask must both be (B, T); got {tuple(logps.shape)} and {tuple(mask.shape)}.")
+    if advantages.dim() == 2 and advantages.shape[1] == 1:
+        advantages = advantages[:, 0]
+    if advantages.shape != logps.shape[:1]:
+        raise ValueError(
+            f"advantages must be one per completion, (B,) or (B, 1) with B = {logps.shape[0]}; got "
+            f"{tuple(advantages.shape)} (the released variant centres sequence advantages)."
+        )
+    f64 = torch.float64
+    valid = mask.bool()
+    validf = valid.to(f64)
+    logp = torch.where(valid, logps.to(f64), 0.0)
+    lengths = validf.sum(dim=1, keepdim=True)
+    centred_logp = (logp - logp.sum(dim=1, keepdim=True) / (lengths + RELEASED_EPS)) * validf
+    adv = advantages.to(f64)
+    centred_adv = adv - adv.mean() if adv.numel() else adv
+    cov = centred_logp * centred_adv[:, None]  # 0 on masked positions
+    num_valid = validf.sum()
+    mean_cov = cov.sum() / num_valid.clamp(min=1.0)
+    variance = (torch.where(valid, cov - mean_cov, 0.0) ** 2).sum() / num_valid.clamp(min=1.0)
+    # sqrt has an infinite derivative at 0 (every c equal, e.g. equal advantages): keep the gradient finite there.
+    positive = variance > 0
+    sigma = torch.where(positive, torch.where(positive, variance, 1.0).sqrt(), 0.0) + RELEASED_EPS
+    kernel = torch.exp(-(cov * cov) / (2.0 * sigma * sigma)) * validf
+    total = kernel.sum()
+    scale = torch.where(total > 0, kernel.numel() / torch.where(total > 0, total, 1.0), 1.0)
+    return (kernel * scale).to(logps.dtype)
+
+
+def released_variant_conflict(args: Any) -> str | None:
+    """One line naming the first setting under which ``cw_variant='released'`` would not compute the released loss,
+    and the value that does; None when the configuration expresses it. The released loss is on-policy GRPO with
+    w~ on the policy term only: -(w~ r A) + beta k3 per token (r = 1 in value), averaged over each completion's
+    tokens, then over the completions."""
+    strategies = list(getattr(args, "strategies", ["cw_grpo"]))
+    if strategies != ["cw_grpo"]:
+        return f"strategies={strategies}: cw_variant=released is the authors' loss alone; set strategies: cw_grpo."
+    required = (
+        ("loss_type", "grpo", "each completion's tokens averaged, then the completions"),
+        ("num_iterations", 1, "one optimisation step per generation: the ratio is 1 and no clip acts"),
+        ("steps_per_generation", 1, ("each micro-batch generated on its own, as in the released trainer; with more, "
+                                     "TRL shuffles the rows of several micro-batches together and the centring of A "
+                                     "would mix their groups")),
+        ("weight_placement", "loss", "w~ multiplies the policy term"),
+        ("importance_sampling_level", "token", "a per-token ratio, whose gradient is each token's own"),
+        ("top_entropy_quantile", 1.0, "every token enters the loss"),
+        ("off_policy_mask_threshold", None, "every completion enters the loss"),
+        ("entropy_coef", 0.0, "no entropy bonus"),
+        ("use_adaptive_entropy", False, "no entropy bonus"),
+    )
+    if getattr(args, "beta", 0.0):
+        required += (("kl_weighting", "none", "the KL term is not weighted by w~"),
+                     ("use_bias_correction_kl", False, "the plain k3 KL"))
+    if getattr(args, "use_vllm", False):
+        required += (("vllm_importance_sampling_correction", False, "no importance-sampling factor on the loss"),)
+    if released_weight_gradient(args):
+        required += (("sharpness_probe_steps", 0, "the probe reuses detached weights; gradient flows through w~"),)
+    for name, value, why in required:
+        if hasattr(args, name) and getattr(args, name) != value:
+            return (f"{name}={getattr(args, name)!r}: cw_variant=released needs {name}: {value} ({why}); it also "
+                    "needs loss_type grpo, num_iterations 1, steps_per_generation 1, weight_placement loss and, with "
+                    "beta > 0, kl_weighting none.")
+    return None
+
+
+def released_weight_gradient(args: Any) -> bool:
+    """``cw_weight_gradient``, with None meaning the variant's own: True for ``released`` (the released code does not
+    detach w~), False for ``paper``."""
+    value = getattr(args, "cw_weight_gradient", None)
+    return (getattr(args, "cw_variant", "paper") == "released") if value is None else bool(value)
+
+
+class ReleasedCovarianceWeights(TokenWeightStrategy):
+    """``cw_grpo`` with ``cw_variant: released``: a token-weight strategy computed in the loss of every micro-batch
+    from the current policy's log-probabilities and the micro-batch's advantages (``released_covariance_weights``),
+    with gradient through w~ unless ``cw_weight_gradient`` is false. Under several processes each process's
+    micro-batch is centred and normalised on its own rows, as in the released trainer (nothing is gathered)."""
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.gradient = released_weight_gradient(args)
+
+    def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise ValueError("cw_variant=released weights need the micro-batch's advantages; the trainer calls "
+                         "`loss_weights`.")
+
+    def loss_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+        return released_covariance_weights(logps if self.gradient else logps.detach(), advantages.detach(), mask)
+
+    def bounds(self) -> tuple[float, float]:
+        return 0.0, math.inf
