@@ -306,5 +306,3 @@ FIELD_RULES = {
     "importance_sampling_level": one_of(*IMPORTANCE_SAMPLING_LEVELS),
     **{f.name: f.rule for f in fields(SharpGRPOConfig) if isinstance(f, _RuledField)},
 }
-# The defaults of our fields, for strategies built from any object with the documented attributes.
-FIELD_DEFAULTS = {f.name: f.default for f in fields(SharpGRPOConfig) if isinstance(f, _RuledField)}

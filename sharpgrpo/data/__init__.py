@@ -1,4 +1,4 @@
-"""Training and evaluation data for the three settings (METHODS.md §5): K&K logic, math, search QA.
+"""Training and evaluation data for the three settings (docs/methods.md §5): K&K logic, math, search QA.
 
 ``load_train_dataset(name_or_path, **kwargs)`` is the single entry point configs use:
 
@@ -15,11 +15,9 @@ its reward function reads (``solution_text_format`` for ``kk``, ``answer`` for `
 
 from __future__ import annotations
 
-from sharpgrpo.registry import Registry
-from sharpgrpo.settings import load_settings
+from sharpgrpo.data.registry import DATASETS, register_dataset
 
-DATASETS = Registry("dataset", load=load_settings)  # settings (sharpgrpo.settings) register theirs on first lookup
-register_dataset = DATASETS.register
+__all__ = ["DATASETS", "load_train_dataset", "register_dataset"]
 
 
 def load_train_dataset(name_or_path: str, **kwargs):
@@ -38,5 +36,6 @@ def load_train_dataset(name_or_path: str, **kwargs):
     return load_dataset_source(name_or_path, **kwargs)
 
 
-# Importing the submodules registers their datasets (they need DATASETS, defined above).
-from sharpgrpo.data import kk, math  # noqa: F401
+# Importing the submodules registers their datasets.
+import sharpgrpo.data.kk  # noqa: E402,F401
+import sharpgrpo.data.math  # noqa: E402,F401

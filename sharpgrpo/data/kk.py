@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sharpgrpo.data import register_dataset
+from sharpgrpo.data.registry import register_dataset
 from sharpgrpo.paths import shared_data_dir
 from sharpgrpo.validation import argument_rules, integer, one_of
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_fns.math import normalize_math_gold
-from sharpgrpo.data import register_dataset
+from sharpgrpo.data.registry import register_dataset
 from sharpgrpo.paths import shared_data_dir
 from sharpgrpo.validation import argument_rules, one_of
 

@@ -26,17 +26,6 @@ STRATEGIES: Registry[type] = Registry("strategy")
 register_strategy = STRATEGIES.register
 
 
-def strategy_param(args: Any, name: str) -> Any:
-    """The config field ``name`` read from ``args`` (a ``SharpGRPOConfig``, or any object with the documented
-    attributes; a missing attribute takes the field's default) and checked against the field's declared rule: the
-    default and the accepted values live with the field only (``sharpgrpo.config``)."""
-    from sharpgrpo.config import FIELD_DEFAULTS, FIELD_RULES
-
-    value = getattr(args, name, FIELD_DEFAULTS[name])
-    FIELD_RULES[name].check(name, value)
-    return value
-
-
 class StrategyPaper(NamedTuple):
     """The paper a strategy implements, for the model card (TRL's ``_paper`` convention) and its BibTeX entry."""
 

@@ -28,7 +28,6 @@ from sharpgrpo.strategies.base import (
     GenerationBatch,
     StrategyPaper,
     register_strategy,
-    strategy_param,
 )
 from sharpgrpo.strategies.thr import group_slices
 
@@ -114,7 +113,9 @@ class PassKMixedStrategy(AdvantageStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.k = int(strategy_param(args, "passk_k"))
+        self.k = int(getattr(args, "passk_k", 4))
+        if self.k < 1:
+            raise ValueError(f"passk_k must be >= 1, got {self.k}")
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         out = batch.advantages.clone()

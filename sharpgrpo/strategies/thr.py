@@ -47,9 +47,8 @@ from sharpgrpo.strategies.base import (
     GenerationBatch,
     StrategyPaper,
     register_strategy,
-    strategy_param,
 )
-from sharpgrpo.strategies import thr_kernels
+import sharpgrpo.strategies.thr_kernels as thr_kernels
 from sharpgrpo.strategies.thr_vocab import (
     factored_flops,
     log_normalizer,
@@ -421,9 +420,13 @@ class _HiddenRewardStrategy(AdvantageStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.beta = float(strategy_param(args, "thr_beta"))
-        self.vocab = strategy_param(args, "thr_vocab")
-        self.chunk_size = int(strategy_param(args, "thr_chunk_size"))
+        self.beta = float(getattr(args, "thr_beta", 1.0))
+        self.vocab = getattr(args, "thr_vocab", "full")
+        self.chunk_size = int(getattr(args, "thr_chunk_size", 1024))
+        if self.vocab not in VOCAB_MODES:
+            raise ValueError(f"thr_vocab must be one of {VOCAB_MODES}, got {self.vocab!r}")
+        if self.chunk_size < 1:
+            raise ValueError(f"thr_chunk_size must be >= 1, got {self.chunk_size}")
         self.last_scores: torch.Tensor | None = None
         self.last_tau: list[float] = []
 
@@ -490,9 +493,11 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.p = float(strategy_param(args, "thr_p"))
-        self.keep_below_threshold = bool(strategy_param(args, "thr_keep_below_threshold"))
-        self.entropy_quantile = float(strategy_param(args, "thr_entropy_quantile"))
+        self.p = float(getattr(args, "thr_p", 0.1))
+        self.keep_below_threshold = bool(getattr(args, "thr_keep_below_threshold", False))
+        self.entropy_quantile = float(getattr(args, "thr_entropy_quantile", 0.0))
+        if not 0.0 <= self.entropy_quantile <= 1.0:
+            raise ValueError(f"thr_entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
 
     def _need_entropy(self) -> bool:
         return self.entropy_quantile > 0
@@ -519,7 +524,7 @@ class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.length_normalized = bool(strategy_param(args, "nthr_length_normalized"))
+        self.length_normalized = bool(getattr(args, "nthr_length_normalized", False))
 
     def _threshold(self, result, mask, positive):
         return result.tau  # Deng et al.'s unnormalised threshold (Eq. 8), on the unnormalised score's scale
