@@ -75,10 +75,9 @@ def looks_like_local_path(name: str) -> bool:
 
 def check_model_source(name: str, field: str = "model_name_or_path", revision: str | None = None) -> None:
     """Refuse a model that is neither an existing model directory nor a possible Hub id, naming what is wrong."""
-    from sharpgrpo.search.tiny import TINY_SEARCH_NAME
-    from sharpgrpo.tiny import TINY_MODEL_NAME
+    from sharpgrpo.prepared_models import prepared_model_names
 
-    if name in (TINY_MODEL_NAME, TINY_SEARCH_NAME):  # built locally on first use
+    if name.startswith("sharpgrpo-") and name in prepared_model_names():  # prepared on first use
         return
     path = Path(name).expanduser()
     if path.is_dir():
