@@ -26,7 +26,9 @@ def template_markers(tokenizer) -> list[str]:
     return sorted(token for token in special if token and token in rendered)
 
 
-def unused_template_message(dataset, tokenizer, dataset_name: str, dataset_kwargs: dict[str, Any], loader) -> str | None:
+def unused_template_message(
+    dataset, tokenizer, dataset_name: str, dataset_kwargs: dict[str, Any], loader
+) -> str | None:
     """Why the prompts of ``dataset`` will not go through the tokenizer's chat template, or None when they will, or
     when that is the user's choice (``conversational`` given) or the data's design (a loader without that option)."""
     if not getattr(tokenizer, "chat_template", None) or "conversational" in dataset_kwargs:

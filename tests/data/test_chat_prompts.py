@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-import sharpgrpo.data.chat_prompts as chat_prompts
 from sharpgrpo.cli_checks import load_checked_dataset
+from sharpgrpo.data import chat_prompts
 from sharpgrpo.evaluation.generation import render_prompt
 from sharpgrpo.evaluation.runner import EvalConfig
 from sharpgrpo.evaluation.tasks import EVAL_TASKS
@@ -89,5 +89,7 @@ def test_eval_kk_with_the_chat_template_renders_one_chat(tokenizer, tmp_path):
 def test_eval_refuses_chat_string_inside_the_chat_template(tmp_path):
     with pytest.raises(ValueError, match="second one.*conversational_prefill"):
         EvalConfig(model="unused", task="kk", output="r.json", prompt_format="chat_string", apply_chat_template=True)
-    math = EvalConfig(model="unused", task="math", output="r.json", prompt_format="chat_string", apply_chat_template=True)
+    math = EvalConfig(
+        model="unused", task="math", output="r.json", prompt_format="chat_string", apply_chat_template=True
+    )
     assert math.prompt_format == "chat_string"  # only K&K reads it
