@@ -258,7 +258,7 @@ def read_logged_rows(path: str | Path, max_rows: int | None = None) -> tuple[lis
     for file in files:
         frame = pd.read_parquet(file)
         score_columns = [c for c in frame.columns if c not in ("prompt", "completion")]
-        scores += [{c: _plain(row[c]) for c in score_columns} for _, row in frame[score_columns].iterrows()]
+        scores += [{c: _plain(v) for c, v in row.items()} for row in frame[score_columns].to_dict("records")]
         for prompt, completion in zip(frame["prompt"], frame["completion"], strict=True):
             prompts.append(_plain(prompt))
             completion = _plain(completion)
@@ -458,13 +458,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prompts, completions = read_prompts(args.prompts), None
     settings, run_strategies, settings_file = run_settings(args.completions, args.model)
     strategy = args.strategy or next((s for s in run_strategies if _is_weight_strategy(s)), None) or "grpo_sg"
-    overrides = {**settings, **dict(args.overrides)}
     if settings_file is not None:
-        used = ", ".join(f"{k}={overrides[k]}" for k in settings if k in overrides)
-        print(f"[sharpgrpo] the run's settings from {settings_file}: {used}; strategy {strategy}")
+        used = ", ".join(f"{k}={v}" for k, v in settings.items())
+        print(f"[sharpgrpo] the run's settings from {settings_file}: {used}, {strategy=} (flags override them)")
+    overrides = {**settings, **dict(args.overrides)}
+    run_temperature = overrides.pop("temperature", None)  # analyze_tokens' own argument
+    temperature = run_temperature if args.temperature is None else args.temperature
     model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
     result = analyze_tokens(
-        model, tokenizer, prompts, completions, strategy=strategy, temperature=args.temperature, scores=scores,
+        model, tokenizer, prompts, completions, strategy=strategy, temperature=temperature, scores=scores,
         num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, top=args.top, min_count=args.min_count,
         batch_size=args.batch_size, apply_chat_template=args.apply_chat_template, output=args.output,
         chart_top=args.chart_top, seed=args.seed, **overrides,
