@@ -165,7 +165,7 @@ def test_cli_uses_the_runs_own_settings_and_writes_the_token_page(reverse_run, t
     blocks = page.split('<div class="completion">')[1:]
     assert len(blocks) == len(completions) == 2 * 8
     for prompt, completion, block in zip(prompts, completions, blocks):
-        spans = re.findall(r'title="p=([0-9.]+) w=([0-9.]+)">(.*?)</span>', block, flags=re.S)
+        spans = re.findall(r'title="p=([0-9.]+) w=([0-9.]+)">(.*?)</span>', block, flags=re.DOTALL)
         assert "".join(html.unescape(text) for _, _, text in spans) == completion
         # independent reference: one completion, no padding, temperature 0.7, the reverse weight with sg_tau 0.2
         prompt_ids = tokenizer(prompt)["input_ids"]
