@@ -29,6 +29,7 @@ from sharpgrpo.cli_checks import (
     one_line_errors,
     resolve_reward_functions,
 )
+from sharpgrpo.data.chat_prompts import warn_if_template_unused
 from sharpgrpo.lifecycle import CheckpointError, NonFiniteTrainingError, lifecycle_callback, resolve_resume_checkpoint
 from sharpgrpo.run_output import (
     CompletionsCallback,
@@ -121,6 +122,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    warn_if_template_unused(train_dataset, tokenizer, task.dataset_name, task.dataset_kwargs)
 
     model_init_kwargs = dict(training_args.model_init_kwargs or {})
     if model_args.dtype is not None:

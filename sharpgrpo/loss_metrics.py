@@ -59,7 +59,6 @@ def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, 
     invalid weights), read in the same host synchronisation as the metrics."""
     valid = mask.bool()
     w = weights.detach().float()
-    count = valid.sum().float()
     lower, upper = bounds
     at_lower = (w <= lower + 1e-6).float()
     at_upper = (w >= upper - 1e-6).float()
@@ -74,7 +73,7 @@ def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, 
         [
             (w * mask).sum(),
             (w * w * mask).sum(),
-            count,
+            valid.sum().float(),
             (at_lower * mask).sum(),
             (at_upper * mask).sum(),
             (grad_clipped.expand_as(w) * mask).sum(),
@@ -93,6 +92,7 @@ def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, 
         totals[3] / n, totals[4] / n, totals[5] / n, zero if bad_weights is None else bad_weights.float(),
     ]).tolist()
     names = ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper", "frac_grad_clipped")
-    for name, value in zip(names, values[:-1], strict=True):
-        metrics[f"token_weight/{name}"].append(value)
+    for name, value in zip(names, values[:-1], strict=True):  # a constant weight (equal) has no bound to sit at
+        if lower < upper or not name.startswith("frac_at"):
+            metrics[f"token_weight/{name}"].append(value)
     return int(values[-1])

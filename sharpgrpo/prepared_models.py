@@ -23,7 +23,7 @@ register_prepared_model = PREPARED_MODELS.register
 
 # Modules whose import registers prepared models; imported on the first lookup, so that resolving a hub id or a
 # local path imports none of them.
-BUILTIN_MODEL_MODULES = ("sharpgrpo.tiny",)
+BUILTIN_MODEL_MODULES = ("sharpgrpo.tiny", "sharpgrpo.smol")
 
 
 def default_cache_dir() -> Path:

@@ -51,8 +51,17 @@ class QuietProgressCallback(ProgressCallback):
             trainer.add_callback(cls())
 
 
+def _step_span(entries: list[dict]) -> str:
+    """``step 4`` or ``steps 1-4``: the global steps of consecutive log entries."""
+    steps = [e.get("step") for e in entries]
+    if None in steps:  # entries not stamped by the Trainer: their positions
+        return f"{len(entries)} logged steps"
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
 def training_summary(trainer, interrupted: bool = False) -> str:
-    """One line: steps, mean reward over the first and last 10% of logged steps, and where the outputs are."""
+    """One line: steps, mean reward over the first and last 10% of logged steps (naming the steps each mean
+    covers), and where the outputs are."""
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     out = trainer.args.output_dir
     head = f"[sharpgrpo] {'interrupted' if interrupted else 'done'} at step {trainer.state.global_step}"
@@ -60,7 +69,10 @@ def training_summary(trainer, interrupted: bool = False) -> str:
         n = max(1, len(history) // 10)
         first = sum(e["reward"] for e in history[:n]) / n
         last = sum(e["reward"] for e in history[-n:]) / n
-        head += f"; mean reward {first:.3f} (first {n} logged steps) -> {last:.3f} (last {n})"
+        head += (
+            f"; mean reward {first:.3f} over {_step_span(history[:n])} -> {last:.3f} over {_step_span(history[-n:])}"
+            f" (each mean covers {n} of the {len(history)} logged steps)"
+        )
     if interrupted:
         return f"{head}; checkpoint and trainer_state.json in {out}; continue with --resume_from_checkpoint true"
     return f"{head}; model, trainer_state.json and plots in {out}"

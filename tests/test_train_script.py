@@ -26,6 +26,12 @@ def test_demo_config_with_overrides(tmp_path):
     state = json.loads((output_dir / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry]
     assert len(steps) == 3  # --max_steps override
+    # The summary line names the steps each mean covers (10% of 3 logged steps: one each).
+    first, last = steps[0]["reward"], steps[-1]["reward"]
+    assert (
+        f"mean reward {first:.3f} over step 1 -> {last:.3f} over step 3 (each mean covers 1 of the 3 logged steps)"
+        in result.stderr
+    ), result.stderr[-1000:]
     assert all(0.6 - 1e-6 <= e["token_weight/min"] <= e["token_weight/max"] <= 1.0 + 1e-6 for e in steps)  # reverse
     assert (output_dir / "training_curves.png").stat().st_size > 10_000
     assert (output_dir / "model.safetensors").exists() and (output_dir / "tokenizer_config.json").exists()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.diagnostics.token_page import token_pieces, write_token_page
 from sharpgrpo.evaluation.generation import encode_prompts
 from sharpgrpo.evaluation.report import markdown_table
 
@@ -109,26 +110,32 @@ def completion_logps(
     return results
 
 
-def token_totals(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], strategy, vocab_size: int) -> TokenTotals:
-    """Sum count, probability and strategy weight per token id over ``(ids, logps)`` pairs.
-
-    The weights are computed on the completions as one right-padded (B, T) batch with its mask, as the trainer does.
-    """
-    totals = TokenTotals.zeros(vocab_size)
-    pairs = [(ids, logps) for ids, logps in pairs if ids.numel()]
+def completion_weights(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], strategy) -> list[torch.Tensor]:
+    """Per ``(ids, logps)`` pair, the strategy's (T,) token weights, computed on the completions as one right-padded
+    (B, T) batch with its mask, as the trainer does."""
     if not pairs:
-        return totals
-    width = max(ids.numel() for ids, _ in pairs)
+        return []
+    width = max(1, max(ids.numel() for ids, _ in pairs))
     logps = torch.zeros(len(pairs), width, dtype=torch.float32)
     mask = torch.zeros(len(pairs), width, dtype=torch.float32)
-    ids = torch.zeros(len(pairs), width, dtype=torch.long)
     for row, (token_ids, token_logps) in enumerate(pairs):
-        ids[row, : token_ids.numel()] = token_ids
         logps[row, : token_ids.numel()] = token_logps
         mask[row, : token_ids.numel()] = 1
     weights = strategy.weights(logps, mask).float()
-    valid = mask.bool()
-    totals.add(ids[valid], logps.exp()[valid], weights[valid])
+    return [weights[row, : ids.numel()] for row, (ids, _) in enumerate(pairs)]
+
+
+def token_totals(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], strategy, vocab_size: int,
+    weights: Sequence[torch.Tensor] | None = None,
+) -> TokenTotals:  # fmt: skip
+    """Sum count, probability and strategy weight per token id over ``(ids, logps)`` pairs (``weights``: their
+    :func:`completion_weights`, computed here when None)."""
+    totals = TokenTotals.zeros(vocab_size)
+    weights = completion_weights(pairs, strategy) if weights is None else weights
+    for (ids, logps), row_weights in zip(pairs, weights, strict=True):
+        if ids.numel():
+            totals.add(ids, logps.exp(), row_weights)
     return totals
 
 
@@ -231,6 +238,13 @@ def plot_token_weights(
 
 def read_logged_completions(path: str | Path, max_rows: int | None = None) -> tuple[list[Any], list[str]]:
     """``(prompts, completions)`` from TRL's ``completions_<step>.parquet`` files (a file or their folder)."""
+    prompts, completions, _ = read_logged_rows(path, max_rows)
+    return prompts, completions
+
+
+def read_logged_rows(path: str | Path, max_rows: int | None = None) -> tuple[list[Any], list[str], list[dict]]:
+    """``(prompts, completions, scores)``: :func:`read_logged_completions` plus, per row, the other columns (step,
+    each reward function's value, advantage)."""
     import pandas as pd
 
     path = Path(path)
@@ -240,9 +254,11 @@ def read_logged_completions(path: str | Path, max_rows: int | None = None) -> tu
             f"No completions_*.parquet in {path}: train with `save_completions: true` (train.py; on in "
             "configs/demo.yaml) or TRL's `log_completions: true`, which write them to output_dir/completions."
         )
-    prompts, completions = [], []
+    prompts, completions, scores = [], [], []
     for file in files:
         frame = pd.read_parquet(file)
+        score_columns = [c for c in frame.columns if c not in ("prompt", "completion")]
+        scores += [{c: _plain(v) for c, v in row.items()} for row in frame[score_columns].to_dict("records")]
         for prompt, completion in zip(frame["prompt"], frame["completion"], strict=True):
             prompts.append(_plain(prompt))
             completion = _plain(completion)
@@ -250,17 +266,43 @@ def read_logged_completions(path: str | Path, max_rows: int | None = None) -> tu
                 completion = "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
             completions.append(completion)
     if max_rows is not None:
-        prompts, completions = prompts[:max_rows], completions[:max_rows]
-    return prompts, completions
+        prompts, completions, scores = prompts[:max_rows], completions[:max_rows], scores[:max_rows]
+    return prompts, completions, scores
 
 
 def _plain(value: Any) -> Any:
-    """Parquet returns message lists as numpy arrays of dicts; make them lists."""
+    """Parquet returns message lists as numpy arrays of dicts and numbers as numpy scalars; make them Python's."""
     if hasattr(value, "tolist") and not isinstance(value, str):
         value = value.tolist()
     if isinstance(value, list):
         return [_plain(v) if not isinstance(v, dict) else {k: _plain(x) for k, x in v.items()} for v in value]
     return value
+
+
+# The fields of a run's config that change the analysed probabilities and weights.
+RUN_SETTINGS = (
+    "temperature", "sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper",
+    "random_weight_low", "random_weight_high", "random_weight_seed",
+)  # fmt: skip
+
+
+def run_settings(*places: str | Path | None) -> tuple[dict[str, Any], list[str], Path | None]:
+    """``(settings, strategies, file)`` from the first ``training_args.json`` found in ``places`` or their parent
+    folders (a run's output_dir, a ``checkpoint-N`` in it, or its ``completions`` folder), which train.py writes;
+    ``({}, [], None)`` when there is none."""
+    for place in places:
+        if place is None:
+            continue
+        folder = Path(place) if Path(place).is_dir() else Path(place).parent
+        for candidate in (folder / "training_args.json", folder.parent / "training_args.json"):
+            try:
+                saved = json.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            strategies = saved.get("strategies") or []
+            strategies = [strategies] if isinstance(strategies, str) else list(strategies)
+            return {k: saved[k] for k in RUN_SETTINGS if saved.get(k) is not None}, strategies, candidate
+    return {}, [], None
 
 
 def read_prompts(path: str | Path) -> list[Any]:
@@ -290,6 +332,7 @@ def analyze_tokens(
     output: str | Path | None = None,
     chart_top: int = 25,
     seed: int = 0,
+    scores: Sequence[dict[str, Any]] | None = None,
     **overrides,
 ) -> dict[str, Any]:
     """Rank tokens by mean probability and report their mean strategy weight.
@@ -302,7 +345,9 @@ def analyze_tokens(
         strategy, config, overrides: the token-weight strategy (see :func:`weight_strategy`).
         temperature: scales the logits (default: the config's ``temperature``, as in training).
         top, min_count: table size, and how often a token must occur to be ranked.
-        output: folder for ``tokens.json``, ``tokens.md`` and ``tokens.png`` (nothing written when None).
+        output: folder for ``tokens.json``, ``tokens.md``, ``tokens.png`` and ``tokens.html`` (every completion,
+            each token shaded by its weight; nothing written when None).
+        scores: per completion, the values shown above it on the page (e.g. rewards and advantage of a run).
     """
     strategy_object, config, strategy_name = weight_strategy(strategy, config, **overrides)
     temperature = float(config.temperature if temperature is None else temperature)
@@ -318,7 +363,8 @@ def analyze_tokens(
         raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions; give one prompt per completion.")
     pairs = completion_logps(model, tokenizer, prompts, completions, temperature, batch_size, apply_chat_template)
     vocab_size = max(model.get_output_embeddings().weight.shape[0], len(tokenizer))
-    totals = token_totals(pairs, strategy_object, vocab_size)
+    weights = completion_weights(pairs, strategy_object)
+    totals = token_totals(pairs, strategy_object, vocab_size, weights)
     ranking = rank_tokens(totals, tokenizer, top, min_count, exclude_ids=tokenizer.all_special_ids)
     n_tokens = int(totals.count.sum().item())
     overall = {
@@ -341,7 +387,16 @@ def analyze_tokens(
         (output / "tokens.json").write_text(json.dumps(result, indent=2) + "\n")
         (output / "tokens.md").write_text(tokens_markdown(ranking, strategy_name, overall))
         plot_token_weights(ranking, output / "tokens.png", strategy_name, chart_top, strategy_object.bounds())
-        result["files"] = [str(output / f) for f in ("tokens.json", "tokens.md", "tokens.png")]
+        page = [
+            {
+                "prompt": prompt, "pieces": token_pieces(tokenizer, ids.tolist()), "probs": logps.exp().tolist(),
+                "weights": row_weights.tolist(), "scores": dict(scores[row]) if scores is not None else {},
+            }
+            for row, (prompt, (ids, logps), row_weights) in enumerate(zip(prompts, pairs, weights, strict=True))
+        ]  # fmt: skip
+        settings = {"temperature": temperature, **{k: getattr(config, k) for k in RUN_SETTINGS if k.startswith("sg_")}}
+        write_token_page(output / "tokens.html", page, strategy_name, strategy_object.bounds(), settings)
+        result["files"] = [str(output / f) for f in ("tokens.json", "tokens.md", "tokens.png", "tokens.html")]
     return result
 
 
@@ -355,6 +410,12 @@ def _parse_override(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def _is_weight_strategy(name: str) -> bool:
+    from sharpgrpo.strategies import STRATEGIES
+
+    return name in STRATEGIES and STRATEGIES.get(name).kind == "weight"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sharpgrpo.evaluation.models import load_model_and_tokenizer
 
@@ -363,15 +424,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--completions", help="TRL's completions folder (or one completions_<step>.parquet file).")
     source.add_argument("--prompts", help="Prompts to sample from: .jsonl with a 'prompt' field, or one per line.")
-    parser.add_argument("--output", required=True, help="Folder for tokens.json, tokens.md and tokens.png.")
     parser.add_argument(
-        "--strategy", default="grpo_sg", help="Token-weight strategy (grpo_sg, reverse, random, equal)."
+        "--output", required=True, help="Folder for tokens.json, tokens.md, tokens.png and tokens.html."
     )
     parser.add_argument(
-        "--set", dest="overrides", action="append", type=_parse_override, default=[], metavar="KEY=VALUE",
-        help="SharpGRPOConfig field, e.g. --set sg_tau=0.2 (repeatable).",
+        "--strategy", default=None,
+        help="Token-weight strategy (grpo_sg, reverse, random, equal). Default: the run's own (its training_args.json "
+        "beside the model or the completions), else grpo_sg.",
     )  # fmt: skip
-    parser.add_argument("--temperature", type=float, default=None, help="Logit temperature (default: the config's).")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", type=_parse_override, default=[], metavar="KEY=VALUE",
+        help="SharpGRPOConfig field, e.g. --set sg_tau=0.2 (repeatable). Default: the run's own temperature and "
+        "sg_*/random_weight_* values (its training_args.json), else the config defaults.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="Logit temperature (default: the run's, else the config's)."
+    )
     parser.add_argument("--num_samples", type=int, default=4, help="Samples per prompt (with --prompts).")
     parser.add_argument("--max_new_tokens", type=int, default=256, help="Sample length (with --prompts).")
     parser.add_argument("--max_rows", type=int, default=None, help="Analyse at most this many logged completions.")
@@ -383,16 +451,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    scores = None
     if args.completions:  # read (or fail on) the inputs before the model loads
-        prompts, completions = read_logged_completions(args.completions, args.max_rows)
+        prompts, completions, scores = read_logged_rows(args.completions, args.max_rows)
     else:
         prompts, completions = read_prompts(args.prompts), None
+    settings, run_strategies, settings_file = run_settings(args.completions, args.model)
+    strategy = args.strategy or next((s for s in run_strategies if _is_weight_strategy(s)), None) or "grpo_sg"
+    if settings_file is not None:
+        used = ", ".join(f"{k}={v}" for k, v in settings.items())
+        print(f"[sharpgrpo] the run's settings from {settings_file}: {used}, {strategy=} (flags override them)")
+    overrides = {**settings, **dict(args.overrides)}
+    run_temperature = overrides.pop("temperature", None)  # analyze_tokens' own argument
+    temperature = run_temperature if args.temperature is None else args.temperature
     model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
     result = analyze_tokens(
-        model, tokenizer, prompts, completions, strategy=args.strategy, temperature=args.temperature,
+        model, tokenizer, prompts, completions, strategy=strategy, temperature=temperature, scores=scores,
         num_samples=args.num_samples, max_new_tokens=args.max_new_tokens, top=args.top, min_count=args.min_count,
         batch_size=args.batch_size, apply_chat_template=args.apply_chat_template, output=args.output,
-        chart_top=args.chart_top, seed=args.seed, **dict(args.overrides),
+        chart_top=args.chart_top, seed=args.seed, **overrides,
     )  # fmt: skip
     print(tokens_markdown({"high": result["high"], "low": result["low"]}, result["strategy"], result["overall"]))
     return result

@@ -77,9 +77,14 @@ class EvalConfig:
     kk_people: list[int] = field(
         default_factory=list, metadata={"help": "kk: numbers of people to evaluate (default 2-8)."}
     )
-    prompt_format: str = field(
-        default="chat_string",
-        metadata={"help": "kk: chat_string (Logic-RL's prompt string), conversational or conversational_prefill."},
+    prompt_format: str | None = field(
+        default=None,
+        metadata={
+            "help": "kk: chat_string (Logic-RL's prompt, a string already in Qwen's ChatML), conversational or "
+            "conversational_prefill (the same messages with the assistant turn opened by `<think>`, rendered by the "
+            "model's own chat template). Default: chat_string, or conversational_prefill with --apply_chat_template "
+            "true (which would otherwise wrap the ready chat string in a second template)."
+        },
     )
     qa_split: str = field(default="test", metadata={"help": "qa: split of hub data sets."})
     sampled_datasets: list[str] = field(
@@ -167,8 +172,24 @@ class EvalConfig:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         self.data = [self.data] if isinstance(self.data, str) else list(self.data)
+        if self.task == "kk" or self.prompt_format is None:  # other tasks ignore it
+            self.prompt_format = kk_prompt_format(self.prompt_format, self.apply_chat_template)
         self.kk_people = [int(n) for n in self.kk_people]
         self.sampled_datasets = list(self.sampled_datasets)
+
+
+def kk_prompt_format(prompt_format: str | None, apply_chat_template: bool) -> str:
+    """The K&K prompt format: the given one, else ``chat_string``, or ``conversational_prefill`` when the chat template
+    is applied. ``chat_string`` is already a rendered chat (Qwen's ChatML); the template would nest a second one."""
+    if prompt_format is None:
+        return "conversational_prefill" if apply_chat_template else "chat_string"
+    if prompt_format == "chat_string" and apply_chat_template:
+        raise ValueError(
+            "prompt_format=chat_string is a prompt already rendered in Qwen's chat template; apply_chat_template=true "
+            "would wrap it in a second one. Use --prompt_format conversational_prefill (the same prompt through the "
+            "model's own template) or conversational."
+        )
+    return prompt_format
 
 
 PAPERS_MAX_NEW_TOKENS = 4096

@@ -122,3 +122,58 @@ def test_cli_on_prompts_file(tiny_model_path, tmp_path, capsys):
 def test_display_token():
     assert display_token(" a\n\t") == "␣a\\n\\t"
     assert display_token("") == "''"
+
+
+@pytest.fixture(scope="module")
+def reverse_run(tiny_model_path, tmp_path_factory):
+    """A real two-step run with a non-default temperature, sg_tau and strategy, saving its completions."""
+    from transformers import AutoTokenizer
+
+    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+    from sharpgrpo.demo import allowed_letters_reward
+    from sharpgrpo.run_output import CompletionsCallback
+
+    output_dir = tmp_path_factory.mktemp("reverse_run")
+    args = SharpGRPOConfig(
+        output_dir=str(output_dir), strategies=["reverse"], temperature=0.7, sg_tau=0.2, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], bf16=False,
+        use_cpu=True, save_strategy="no", seed=0,
+    )  # fmt: skip
+    trainer = SharpGRPOTrainer(
+        model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args, train_dataset=demo_dataset(32),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
+    )  # fmt: skip
+    trainer.add_callback(CompletionsCallback(trainer))
+    trainer.train()
+    return output_dir
+
+
+@pytest.mark.slow  # trains the tiny model two steps
+def test_cli_uses_the_runs_own_settings_and_writes_the_token_page(reverse_run, tiny_model_path, tiny, tmp_path):
+    import html
+    import re
+
+    from sharpgrpo.strategies.probability_shaping import reverse_probability_shaping_weights
+
+    model, tokenizer = tiny
+    result = main(["--model", tiny_model_path, "--completions", str(reverse_run / "completions"),
+                   "--output", str(tmp_path), "--min_count", "1"])  # fmt: skip
+    assert result["strategy"] == "reverse" and result["temperature"] == 0.7  # from the run's training_args.json
+    prompts, completions = read_logged_completions(reverse_run / "completions")
+    page = (tmp_path / "tokens.html").read_text()
+    assert "<script" not in page and "http" not in page  # self-contained
+    blocks = page.split('<div class="completion">')[1:]
+    assert len(blocks) == len(completions) == 2 * 8
+    for prompt, completion, block in zip(prompts, completions, blocks):
+        spans = re.findall(r'title="p=([0-9.]+) w=([0-9.]+)">(.*?)</span>', block, flags=re.DOTALL)
+        assert "".join(html.unescape(text) for _, _, text in spans) == completion
+        # independent reference: one completion, no padding, temperature 0.7, the reverse weight with sg_tau 0.2
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        ids = prompt_ids + tokenizer(completion, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, len(prompt_ids) - 1 : -1].double() / 0.7
+        probs = torch.softmax(logits, -1).gather(-1, torch.tensor(ids[len(prompt_ids) :])[:, None]).squeeze(-1)
+        weights = reverse_probability_shaping_weights(probs.float(), 2.0, 0.25, 0.2, 1.0, 1.4)
+        assert [float(p) for p, _, _ in spans] == pytest.approx(probs.tolist(), abs=2e-3)
+        assert [float(w) for _, w, _ in spans] == pytest.approx(weights.tolist(), abs=2e-3)
+        assert "allowed_letters_reward <b>" in block and "advantage <b>" in block

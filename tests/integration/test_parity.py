@@ -317,7 +317,8 @@ def test_ratio_placement_clips_heavy_positive_tokens_on_policy(tiny_model_path, 
     assert all(g.abs().max() == 0 for g in ratio_grads.values())
     ratio_metrics = ratio._metrics["train"]
     assert ratio_metrics["token_weight/frac_grad_clipped"][-1] == 1.0
-    assert ratio_metrics["token_weight/frac_at_upper"][-1] == 1.0
+    assert ratio_metrics["token_weight/mean"][-1] == pytest.approx(1.4)
+    assert "token_weight/frac_at_upper" not in ratio_metrics  # a constant weight sits at no clip bound
     # With the weight on the loss instead, the gradient is the parent's times 1.4.
     parent_loss, parent_grads = loss_and_grads(parent, inputs, 1)
     placed_loss, placed_grads = loss_and_grads(loss_placed, inputs, 1)

@@ -65,7 +65,7 @@ WEIGHT_METRICS = [
 ]
 STRATEGY_METRICS = {
     "grpo_sg": WEIGHT_METRICS,
-    "equal": WEIGHT_METRICS,
+    "equal": [m for m in WEIGHT_METRICS if "frac_at" not in m],
     "random": WEIGHT_METRICS,
     "reverse": WEIGHT_METRICS,
     "ar": ["ar/factor_mean"],
@@ -92,6 +92,8 @@ def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
         assert all(1.0 <= entry["token_weight/min"] <= entry["token_weight/max"] <= 1.4 for entry in logs)
     if strategies == ["equal"]:
         assert all(entry["token_weight/std"] == 0.0 for entry in logs)
+        # w = 1 everywhere is no clip bound: "all tokens at both bounds" would be logged otherwise.
+        assert not any("token_weight/frac_at_lower" in e or "token_weight/frac_at_upper" in e for e in logs)
 
 
 @pytest.mark.parametrize("p", [0.1, -0.1])
