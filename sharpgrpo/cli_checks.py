@@ -47,13 +47,35 @@ def one_line_errors(argv: list[str] | None = None):
         debug = True
     try:
         yield
+    except SystemExit as stop:  # a message given to SystemExit ("error: ..."): printed after the progress bars
+        if isinstance(stop.code, str):
+            close_progress_bars()
+            print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
+            sys.exit(1)
+        raise
     except Exception as error:
         if debug:
+            close_progress_bars()
             raise
         message = " ".join(str(error).split()) or repr(error)
-        prefix = "" if isinstance(error, ConfigError) else f"{type(error).__name__}: "
+        prefix = "" if getattr(error, "names_itself", False) else f"{type(error).__name__}: "
+        close_progress_bars()
         print(f"error: {prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)", file=sys.stderr)
         sys.exit(1)
+
+
+def close_progress_bars() -> None:
+    """Close every open tqdm bar (the training bar of an interrupted run) so the error is the last thing shown and
+    no bar is redrawn after it."""
+    tqdm_module = sys.modules.get("tqdm")  # not imported: no bar
+    if tqdm_module is None:
+        return
+    for bar in list(getattr(tqdm_module.tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except Exception:  # a bar that cannot redraw (closed stream) must not hide the error
+            pass
+    sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -284,23 +284,66 @@ class LifecycleCallback(TrainerCallback):
     def _stop_non_finite(self, state, what: str, weights_good: bool) -> None:
         trainer = self.trainer
         step = state.global_step + (1 if weights_good else 0)
-        if not weights_good:  # after the optimizer step: keep the weights only if they are all finite
-            weights_good = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
-        if weights_good:
-            trainer._save_checkpoint(trainer.model, trial=None)
-            saved = os.path.join(trainer.args.output_dir, f"checkpoint-{state.global_step}")
-            write_complete_marker(trainer, saved)
-            where = f"The last good state (weights and optimizer after step {state.global_step}) is saved in {saved}."
-        else:
-            latest, _ = latest_complete_checkpoint(trainer.args.output_dir)
-            where = "The weights are no longer finite, so they were not saved; " + (
-                f"the last good checkpoint is {latest}." if latest else "no earlier checkpoint exists."
-            )
+        where = save_last_good_state(trainer, weights_checked=weights_good, all_processes_here=True)
         raise NonFiniteTrainingError(
             f"Step {step}: {what} (strategies {list(trainer.args.strategies)}, loss_type {trainer.args.loss_type!r}, "
             f"learning_rate {trainer.args.learning_rate}); training stopped instead of sampling from NaN weights. "
             f"{where} Lower the learning rate or check the strategy parameters and reward scale."
         )
+
+    def restore_signal_handlers(self) -> None:
+        self.on_train_end(None, None, None)
+
+
+def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False) -> str:
+    """Save the weights, optimizer, scheduler and random states of the last finished step as a complete
+    ``checkpoint-<step>`` (unless one exists), and return one sentence saying where the last good state is.
+
+    Weights that are no longer finite are not saved. ``all_processes_here``: every process calls this together (a
+    stop all processes decide on); otherwise, with several processes, saving would wait for the others forever, so
+    only the newest earlier checkpoint is named."""
+    output_dir = trainer.args.output_dir
+    step = trainer.state.global_step
+
+    def earlier(reason: str) -> str:
+        latest, _ = latest_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else (None, [])
+        return reason + (f"; the last good checkpoint is {latest}." if latest else "; no earlier checkpoint exists.")
+
+    if trainer.accelerator.num_processes > 1 and not all_processes_here:
+        return earlier(f"No checkpoint was saved ({trainer.accelerator.num_processes} processes save together)")
+    if not weights_checked and not all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters()):
+        return earlier("The weights are no longer finite, so they were not saved")
+    if step == 0:
+        return "No step had finished, so there was nothing to save."
+    saved = os.path.join(output_dir, f"checkpoint-{step}")
+    if not (Path(saved) / COMPLETE_MARKER).exists():
+        try:
+            trainer._save_checkpoint(trainer.model, trial=None)
+            write_complete_marker(trainer, saved)
+        except Exception as error:  # e.g. a full disk: say so, keep the original error
+            return earlier(f"Saving checkpoint-{step} failed ({type(error).__name__}: {error})")
+    return (
+        f"The last good state (weights and optimizer after step {step}) is saved in {saved}; once the cause is "
+        "fixed, continue with --resume_from_checkpoint true."
+    )
+
+
+class TrainingStopped(RuntimeError):
+    """Training ended with an error after :func:`save_last_good_state`; the message names both."""
+
+    names_itself = True
+
+
+def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
+    """The error that ends a run which raised ``error`` during ``train()``, after saving its last good state."""
+    callback = lifecycle_callback(trainer)
+    if callback is not None:
+        callback.restore_signal_handlers()
+    where = save_last_good_state(trainer)
+    message = " ".join(str(error).split()) or repr(error)
+    return TrainingStopped(
+        f"training stopped at step {trainer.state.global_step + 1} by {type(error).__name__}: {message}. {where}"
+    )
 
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:

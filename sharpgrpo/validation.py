@@ -31,6 +31,8 @@ from typing import Any
 class ConfigError(ValueError):
     """A configuration or input value that is refused; the message is one line naming the field and the value."""
 
+    names_itself = True  # printed as is, without the class name
+
 
 @dataclass(frozen=True)
 class Rule:
