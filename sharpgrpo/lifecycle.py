@@ -340,7 +340,7 @@ def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
     if callback is not None:
         callback.restore_signal_handlers()
     where = save_last_good_state(trainer)
-    message = " ".join(str(error).split()) or repr(error)
+    message = " ".join(str(error).split()).rstrip(".") or repr(error)
     return TrainingStopped(
         f"training stopped at step {trainer.state.global_step + 1} by {type(error).__name__}: {message}. {where}"
     )

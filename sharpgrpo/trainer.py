@@ -36,7 +36,7 @@ from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES, weighted_policy_surrogate
 from sharpgrpo.model_card import STRATEGY_PAPERS, fix_card_links, strategies_bibtex, strategy_card_section
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 from sharpgrpo.strategies.probability_shaping import ARTokenAdvantages, ar_token_advantages
-from sharpgrpo.validation import StrategyOutputChecker
+from sharpgrpo.validation import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.vllm_seeding import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
 
 STRATEGY_STATE_NAME = "sharpgrpo_strategy_state.pt"  # strategy state in each checkpoint (see `_save_rng_state`)
@@ -74,7 +74,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._generation_captured: dict[str, torch.Tensor] = {}  # see `_generate_single_turn`
         refuse_vllm_request_seed(args)
-        super().__init__(model, reward_funcs, args, **kwargs)
+        super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
         self._refuse_unsupported()
         self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
         if self.use_vllm and self.vllm_mode == "colocate":
