@@ -116,6 +116,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
 
     from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.cli_checks import check_model_source, check_rewards, load_checked_dataset, resolve_reward_functions
+    from sharpgrpo.data.row_checks import check_prompt_lengths, model_context_length
     from sharpgrpo.lifecycle import NonFiniteTrainingError, lifecycle_callback, stop_after_error
     from sharpgrpo.prepared_models import resolve_model_name
     from sharpgrpo.run_output import CompletionsCallback, QuietProgressCallback, training_summary
@@ -133,6 +134,10 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    check_prompt_lengths(  # every prompt as TRL renders it, against the model's context: before the model loads
+        train_dataset, tokenizer, model_context_length(model_path, model_args.model_revision),
+        training_args.max_completion_length, f"dataset_name={task.dataset_name!r}", training_args.chat_template_kwargs,
+    )  # fmt: skip
 
     model_init_kwargs = dict(training_args.model_init_kwargs or {})
     if model_args.dtype is not None:

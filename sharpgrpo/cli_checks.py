@@ -216,8 +216,11 @@ def check_dataset_kwargs(dataset_name: str, kwargs: dict[str, Any]) -> None:
     validate_arguments(loader, kwargs, "dataset_kwargs")  # the loader's @argument_rules: types and ranges
 
 
-def check_data_file(path: str | os.PathLike, field: str = "dataset_name") -> None:
-    """A local ``.jsonl`` (or JSON-lines ``.json``) file: not empty, every non-blank line a JSON object."""
+def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_prompts: bool = False) -> None:
+    """A local ``.jsonl`` (or JSON-lines ``.json``) file: not empty, every non-blank line a JSON object, and with
+    ``check_prompts`` (the rows are used as they are) every line's ``prompt`` one TRL can train on."""
+    from sharpgrpo.data.row_checks import prompt_problem
+
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.is_file() or suffix not in (".jsonl", ".json"):
@@ -246,6 +249,10 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name") -> Non
                 f"{field}={str(path)!r}: line {number} is a JSON {type(row).__name__}, not an object (one row per "
                 "line)."
             )
+        if check_prompts and "prompt" in row:
+            problem = prompt_problem(row.get("prompt"))
+            if problem is not None:
+                raise ConfigError(f"{field}={str(path)!r}: line {number}: prompt {problem}.")
 
 
 def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
@@ -261,7 +268,8 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
         )
     check_dataset_kwargs(dataset_name, kwargs)
     if not registered:
-        check_data_file(Path(dataset_name).expanduser())
+        as_is = not any(kwargs.get(key) for key in ("column_mapping", "prompt_template"))
+        check_data_file(Path(dataset_name).expanduser(), check_prompts=as_is)
     dataset = load_train_dataset(dataset_name, **kwargs)
     described = f"dataset_name={dataset_name!r}" + (f" with dataset_kwargs={kwargs!r}" if kwargs else "")
     if hasattr(dataset, "__len__") and len(dataset) == 0:
@@ -299,7 +307,10 @@ def check_rewards(
             f"reward_weights={list(reward_weights)}: {len(reward_weights)} weight(s) for {len(reward_funcs)} reward "
             f"function(s) ({', '.join(reward_names)}); give one weight per function."
         )
+    from sharpgrpo.data.row_checks import check_rows
+
     columns = list(dataset.column_names or [])
+    read = {name: tuple(reward_columns(fn) or ()) for name, fn in zip(reward_names, reward_funcs, strict=True)}
     for name, fn in zip(reward_names, reward_funcs, strict=True):
         missing = [c for c in (reward_columns(fn) or ()) if c not in columns]
         if missing:
@@ -308,3 +319,4 @@ def check_rewards(
                 f"dataset_name={dataset_name!r} lacks (its columns: {', '.join(columns)}); rename one with "
                 "dataset_kwargs column_mapping, or choose this data's reward."
             )
+    check_rows(dataset, f"dataset_name={dataset_name!r}", read)  # every row's prompt; no reward column left empty
