@@ -270,8 +270,19 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
     if not registered:
         as_is = not any(kwargs.get(key) for key in ("column_mapping", "prompt_template"))
         check_data_file(Path(dataset_name).expanduser(), check_prompts=as_is)
-    dataset = load_train_dataset(dataset_name, **kwargs)
     described = f"dataset_name={dataset_name!r}" + (f" with dataset_kwargs={kwargs!r}" if kwargs else "")
+    try:
+        dataset = load_train_dataset(dataset_name, **kwargs)
+    except ConfigError:
+        raise
+    except Exception as error:  # one line naming the dataset; a name that is neither registered nor a path lists both
+        cause = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        if not registered and not Path(dataset_name).expanduser().exists():
+            raise ConfigError(
+                f"dataset_name={dataset_name!r}: not a registered dataset ({', '.join(DATASETS.names())}), not a local "
+                f"file or folder, and the Hugging Face Hub could not load it ({cause})."
+            ) from None
+        raise ConfigError(f"{described}: could not be loaded ({cause}).") from None
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         raise ConfigError(f"{described}: 0 prompts, nothing to train on.")
     if "prompt" not in (dataset.column_names or []):
