@@ -69,8 +69,10 @@ def guard_output_dir(
     if not is_main_process():
         yield
         return
+    existed = Path(output_dir).expanduser().exists()
     path = check_output_dir_location(output_dir, field)
     handle = _acquire_lock(path, field)
+    failed = True
     try:
         used = previous_run_files(path)
         if used and not resuming:
@@ -85,8 +87,11 @@ def guard_output_dir(
                 if name.startswith(_CHECKPOINT_PREFIX) and (path / name).is_dir():
                     shutil.rmtree(path / name)
         yield
+        failed = False
     finally:
         _release_lock(handle)
+        if failed and not existed and previous_run_files(path) == []:  # a refused run leaves no folder behind
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _acquire_lock(path: Path, field: str):
