@@ -105,7 +105,8 @@ def main(
 
             if PartialState().is_main_process:  # the run's episode limits, for sharpgrpo.eval --task search_qa
                 save_search_args(search_args, training_args.output_dir)
-            with retrieval_session(search_args, training_args.output_dir, PartialState().local_process_index) as client:
+            process = PartialState().local_process_index
+            with retrieval_session(search_args, training_args.output_dir, process) as client:
                 return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
         return _main(task, training_args, model_args)
 
@@ -169,7 +170,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
         stopped = stop_after_error(trainer, error)
         try:
             _save_logs_and_plot(trainer, task)
-        except Exception as save_error:  # keep the training error as the one reported
+        except Exception as save_error:  # noqa: BLE001 - keep the training error as the one reported
             print(f"[sharpgrpo] writing trainer_state.json or the plot failed: {save_error}", file=sys.stderr)
         raise stopped from error
     stopper = lifecycle_callback(trainer)
@@ -186,7 +187,8 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
         if task.plot:
             from sharpgrpo.plot import plot_training_curves
 
-            plot_training_curves(training_args.output_dir, os.path.join(training_args.output_dir, "training_curves.png"))
+            output_dir = training_args.output_dir
+            plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=task.dataset_name)
     if trainer.is_world_process_zero():

@@ -71,10 +71,8 @@ def close_progress_bars() -> None:
     if tqdm_module is None:
         return
     for bar in list(getattr(tqdm_module.tqdm, "_instances", ())):
-        try:
+        with contextlib.suppress(Exception):  # a bar that cannot redraw (closed stream) must not hide the error
             bar.close()
-        except Exception:  # a bar that cannot redraw (closed stream) must not hide the error
-            pass
     sys.stdout.flush()
 
 
@@ -275,12 +273,12 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
         dataset = load_train_dataset(dataset_name, **kwargs)
     except ConfigError:
         raise
-    except Exception as error:  # one line naming the dataset; a name that is neither registered nor a path lists both
+    except Exception as error:  # noqa: BLE001 - one line naming the dataset (and the registered names)
         cause = f"{type(error).__name__}: {' '.join(str(error).split())}"
         if not registered and not Path(dataset_name).expanduser().exists():
             raise ConfigError(
-                f"dataset_name={dataset_name!r}: not a registered dataset ({', '.join(DATASETS.names())}), not a local "
-                f"file or folder, and the Hugging Face Hub could not load it ({cause})."
+                f"dataset_name={dataset_name!r}: not a registered dataset ({', '.join(DATASETS.names())}), not a "
+                f"local file or folder, and the Hugging Face Hub could not load it ({cause})."
             ) from None
         raise ConfigError(f"{described}: could not be loaded ({cause}).") from None
     if hasattr(dataset, "__len__") and len(dataset) == 0:

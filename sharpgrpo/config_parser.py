@@ -18,7 +18,7 @@ from trl import TrlParser
 from sharpgrpo.config_file import CONFIG_FLAG, config_path_from_args, env_block, read_config
 from sharpgrpo.validation import ConfigError
 
-_ARGUMENT = re.compile(r"^argument --(\w+)(?:/--[\w-]+)*: (.*)$", re.S)
+_ARGUMENT = re.compile(r"^argument --(\w+)(?:/--[\w-]+)*: (.*)$", re.DOTALL)
 
 
 class ConfigParser(TrlParser):

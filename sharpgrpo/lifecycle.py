@@ -320,7 +320,7 @@ def save_last_good_state(trainer, weights_checked: bool = False, all_processes_h
         try:
             trainer._save_checkpoint(trainer.model, trial=None)
             write_complete_marker(trainer, saved)
-        except Exception as error:  # e.g. a full disk: say so, keep the original error
+        except Exception as error:  # noqa: BLE001 - e.g. a full disk: say so, keep the original error
             return earlier(f"Saving checkpoint-{step} failed ({type(error).__name__}: {error})")
     return (
         f"The last good state (weights and optimizer after step {step}) is saved in {saved}; once the cause is "

@@ -18,19 +18,24 @@ from sharpgrpo.validation import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 
 
+HOLDER = (
+    "import sys, time\nfrom sharpgrpo.output_dir import guard_output_dir\n"
+    "with guard_output_dir(sys.argv[1], resuming=False, overwrite=False):\n"
+    "    print('held', flush=True)\n    time.sleep(60)\n"
+)
+
+
 def test_a_second_process_is_refused_while_the_first_holds_the_folder(tmp_path):
     folder = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom sharpgrpo.output_dir import guard_output_dir\n"
-         "with guard_output_dir(sys.argv[1], resuming=False, overwrite=False):\n"
-         "    print('held', flush=True)\n    time.sleep(60)\n", str(folder)],
+        [sys.executable, "-c", HOLDER, str(folder)],
         stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(ConfigError, match=rf"is in use by another running training run \(process {holder.pid}\)"):
-            with guard_output_dir(folder, resuming=True, overwrite=True):
-                pass
+        in_use = rf"is in use by another running training run \(process {holder.pid}\)"
+        with pytest.raises(ConfigError, match=in_use), guard_output_dir(folder, resuming=True, overwrite=True):
+            pass
     finally:
         holder.kill()
         holder.wait()
@@ -43,10 +48,9 @@ def test_a_used_folder_is_refused_unless_resuming_or_overwriting(tmp_path):
     with guard_output_dir(folder, resuming=False, overwrite=False):
         (folder / "trainer_state.json").write_text("{}")
         (folder / "checkpoint-3").mkdir()
-    with pytest.raises(ConfigError, match=r"is not empty \(checkpoint-3, trainer_state.json\).*--resume_from_checkpoint "
-                       r"true.*--overwrite_output_dir true"):  # fmt: skip
-        with guard_output_dir(folder, resuming=False, overwrite=False):
-            pass
+    refused = r"not empty \(checkpoint-3, trainer_state.json\).*--resume_from_checkpoint true.*--overwrite_output_dir"
+    with pytest.raises(ConfigError, match=refused), guard_output_dir(folder, resuming=False, overwrite=False):
+        pass
     with guard_output_dir(folder, resuming=True, overwrite=False):
         assert (folder / "checkpoint-3").is_dir()  # resuming keeps everything
     with guard_output_dir(folder, resuming=False, overwrite=True):
@@ -61,20 +65,21 @@ def test_an_empty_folder_or_a_new_one_is_used(tmp_path):
             assert folder.is_dir()
 
 
+def fresh_run(folder):
+    return guard_output_dir(folder, resuming=False, overwrite=False)
+
+
 def test_files_and_unwritable_paths_are_refused_before_anything_loads(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ConfigError, match=r"output_dir='.*file': is a file"):
-        with guard_output_dir(tmp_path / "file", resuming=False, overwrite=False):
-            pass
-    with pytest.raises(ConfigError, match=r"lies below .*file, which is a file"):
-        with guard_output_dir(tmp_path / "file" / "run", resuming=False, overwrite=False):
-            pass
+    with pytest.raises(ConfigError, match=r"output_dir='.*file': is a file"), fresh_run(tmp_path / "file"):
+        pass
+    with pytest.raises(ConfigError, match=r"lies below .*file, which is a file"), fresh_run(tmp_path / "file" / "run"):
+        pass
     unwritable = Path("/proc/sharpgrpo-run")  # procfs accepts no new entries, even for root
     if not Path("/proc/self").is_dir():
         pytest.skip("no /proc here to stand for a read-only filesystem")
-    with pytest.raises(ConfigError, match=r"output_dir='/proc/sharpgrpo-run': cannot be written"):
-        with guard_output_dir(unwritable, resuming=False, overwrite=False):
-            pass
+    with pytest.raises(ConfigError, match=r"output_dir='/proc/sharpgrpo-run': cannot be written"), fresh_run(unwritable):
+        pass
 
 
 def test_train_py_refuses_a_used_output_dir_before_loading_a_model(tmp_path):

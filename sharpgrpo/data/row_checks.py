@@ -113,7 +113,7 @@ def check_prompt_lengths(
             prompt = prompts[index]
             try:
                 text = _rendered(tokenizer, prompt, kwargs)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - reported with the row
                 raise ConfigError(
                     f"{label}: row {index + 1}: the chat template cannot render prompt {_shown(prompt)} "
                     f"({type(error).__name__}: {' '.join(str(error).split())})."

@@ -14,6 +14,7 @@ from sharpgrpo.data.row_checks import check_prompt_lengths, check_rows, model_co
 from sharpgrpo.tasks import register_tasks
 from sharpgrpo.validation import ConfigError
 
+
 @pytest.fixture(scope="module")
 def tiny_model_path():
     """The prepared sharpgrpo-tiny folder (built once and cached, as train.py uses it)."""

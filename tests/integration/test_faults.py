@@ -89,7 +89,7 @@ def test_a_second_run_on_a_live_runs_folder_is_refused(tmp_path):
         while not (output_dir / "training_args.json").is_file():  # written when training begins
             assert first.poll() is None and time.time() < deadline, first.stderr.read()[-3000:]
             time.sleep(0.2)
-        second = run(output_dir, tmp_path, "none", "--resume_from_checkpoint", "false", "--overwrite_output_dir", "true")
+        second = run(output_dir, tmp_path, "none", "--overwrite_output_dir", "true")
         assert second.returncode == 1
         assert last_line(second.stderr).startswith(
             f"error: output_dir={str(output_dir)!r} is in use by another running training run (process {first.pid})"
