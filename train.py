@@ -112,16 +112,23 @@ def main(
 
 
 def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from trl import get_peft_config
 
     from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.cli_checks import check_model_source, check_rewards, load_checked_dataset, resolve_reward_functions
     from sharpgrpo.data.row_checks import check_prompt_lengths, model_context_length
-    from sharpgrpo.lifecycle import NonFiniteTrainingError, lifecycle_callback, stop_after_error
+    from sharpgrpo.lifecycle import (
+        CheckpointError,
+        NonFiniteTrainingError,
+        check_resume_compatible,
+        lifecycle_callback,
+        stop_after_error,
+    )
     from sharpgrpo.prepared_models import resolve_model_name
     from sharpgrpo.run_output import CompletionsCallback, QuietProgressCallback, training_summary
     from sharpgrpo.tasks import register_tasks
+    from sharpgrpo.validation import ConfigError
 
     register_tasks()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
@@ -135,6 +142,11 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    model_config = AutoConfig.from_pretrained(model_path, revision=model_args.model_revision).to_dict()
+    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other strategies warn
+        check_resume_compatible(training_args.resume_from_checkpoint, training_args, model_config)
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
     check_prompt_lengths(  # every prompt as TRL renders it, against the model's context: before the model loads
         train_dataset, tokenizer, model_context_length(model_path, model_args.model_revision),
         training_args.max_completion_length, f"dataset_name={task.dataset_name!r}", training_args.chat_template_kwargs,

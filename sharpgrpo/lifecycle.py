@@ -165,6 +165,37 @@ def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
     return str(checkpoint)
 
 
+_ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                      "intermediate_size", "vocab_size")  # fmt: skip
+
+
+def check_resume_compatible(checkpoint: str | None, args, model_config: dict) -> None:
+    """Before the model loads: refuse a checkpoint saved for another architecture (its ``config.json`` against the
+    model's, ``model_config``), and warn when it was trained with other strategies (its ``training_args.json``)."""
+    if checkpoint is None:
+        return
+    saved_config = Path(checkpoint) / "config.json"
+    if saved_config.is_file():
+        saved = json.loads(saved_config.read_text(encoding="utf-8"))
+        for key in _ARCHITECTURE_KEYS:
+            if key in saved and key in model_config and saved[key] != model_config[key]:
+                raise CheckpointError(
+                    f"resume_from_checkpoint={checkpoint!r}: saved for another model ({key} {saved[key]!r}; the "
+                    f"model being trained has {model_config[key]!r}); resume with the model_name_or_path it was "
+                    "trained from."
+                )
+    saved_args = Path(checkpoint) / TRAINING_ARGS_JSON
+    if saved_args.is_file():
+        before = json.loads(saved_args.read_text(encoding="utf-8")).get("strategies")
+        if before is not None and list(before) != list(args.strategies):
+            warnings.warn(
+                f"resume_from_checkpoint={checkpoint!r} was trained with strategies {list(before)}; this run uses "
+                f"{list(args.strategies)}: the resumed run changes strategy at step "
+                f"{check_trainer_state(Path(checkpoint) / 'trainer_state.json')['global_step']}.",
+                stacklevel=2,
+            )
+
+
 def generation_period(args) -> int:
     """Micro-steps per TRL generation batch: TRL generates every ``steps_per_generation * num_iterations``
     micro-steps (``GRPOTrainer._prepare_inputs``), and a resumed run generates at its first micro-step."""
