@@ -17,29 +17,17 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer
-from trl import ModelConfig, TrlParser, get_peft_config
+# Only light imports here: the config's `env:` block is applied before transformers, datasets or the Hub client load.
+from sharpgrpo.cli_checks import one_line_errors
+from sharpgrpo.config_file import apply_config_env
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.cli_checks import (
-    check_model_source,
-    check_rewards,
-    load_checked_dataset,
-    one_line_errors,
-    resolve_reward_functions,
-)
-from sharpgrpo.data.chat_prompts import warn_if_template_unused
-from sharpgrpo.lifecycle import CheckpointError, NonFiniteTrainingError, lifecycle_callback, resolve_resume_checkpoint
-from sharpgrpo.run_output import (
-    CompletionsCallback,
-    QuietProgressCallback,
-    check_process_count,
-    training_summary,
-)
-from sharpgrpo.search.config import SearchArguments
-from sharpgrpo.tasks import register_tasks
-from sharpgrpo.prepared_models import resolve_model_name
+if TYPE_CHECKING:
+    from trl import ModelConfig
+
+    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+    from sharpgrpo.search.config import SearchArguments
 
 
 @dataclass
@@ -74,6 +62,13 @@ class TaskArguments:
             "tables), as `python -m sharpgrpo.diagnostics.tokens --completions` reads them."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into a non-empty output_dir, replacing the run there (its checkpoint-N folders are "
+            "removed). Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
+        },
+    )
     print_metrics: bool = field(
         default=False,
         metadata={
@@ -89,6 +84,10 @@ def main(
     model_args: ModelConfig,
     search_args: SearchArguments | None = None,
 ) -> SharpGRPOTrainer:
+    from sharpgrpo.lifecycle import CheckpointError, resolve_resume_checkpoint
+    from sharpgrpo.output_dir import guard_output_dir
+    from sharpgrpo.run_output import check_process_count
+
     check_process_count()
     try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
         training_args.resume_from_checkpoint = resolve_resume_checkpoint(
@@ -96,20 +95,42 @@ def main(
         )
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
-    if search_args is not None and search_args.enabled:  # agentic search (README, Search): a retrieval server
-        from accelerate import PartialState
+    resuming = training_args.resume_from_checkpoint is not None
+    with guard_output_dir(training_args.output_dir, resuming=resuming, overwrite=task.overwrite_output_dir):
+        if search_args is not None and search_args.enabled:  # agentic search (README, Search): a retrieval server
+            from accelerate import PartialState
 
-        from sharpgrpo.search.config import save_search_args
-        from sharpgrpo.search.session import retrieval_session, search_rollout
+            from sharpgrpo.search.config import save_search_args
+            from sharpgrpo.search.session import retrieval_session, search_rollout
 
-        if PartialState().is_main_process:  # the run's episode limits, for sharpgrpo.eval --task search_qa
-            save_search_args(search_args, training_args.output_dir)
-        with retrieval_session(search_args, training_args.output_dir, PartialState().local_process_index) as client:
-            return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
-    return _main(task, training_args, model_args)
+            if PartialState().is_main_process:  # the run's episode limits, for sharpgrpo.eval --task search_qa
+                save_search_args(search_args, training_args.output_dir)
+            process = PartialState().local_process_index
+            with retrieval_session(search_args, training_args.output_dir, process) as client:
+                return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
+        return _main(task, training_args, model_args)
 
 
 def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
+    from transformers import AutoConfig, AutoTokenizer
+    from trl import get_peft_config
+
+    from sharpgrpo import SharpGRPOTrainer
+    from sharpgrpo.cli_checks import check_model_source, check_rewards, load_checked_dataset, resolve_reward_functions
+    from sharpgrpo.data.chat_prompts import warn_if_template_unused
+    from sharpgrpo.data.row_checks import check_prompt_lengths, model_context_length
+    from sharpgrpo.lifecycle import (
+        CheckpointError,
+        NonFiniteTrainingError,
+        check_resume_compatible,
+        lifecycle_callback,
+        stop_after_error,
+    )
+    from sharpgrpo.prepared_models import resolve_model_name
+    from sharpgrpo.run_output import CompletionsCallback, QuietProgressCallback, training_summary
+    from sharpgrpo.tasks import register_tasks
+    from sharpgrpo.validation import ConfigError
+
     register_tasks()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
@@ -123,6 +144,15 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     warn_if_template_unused(train_dataset, tokenizer, task.dataset_name, task.dataset_kwargs)
+    model_config = AutoConfig.from_pretrained(model_path, revision=model_args.model_revision).to_dict()
+    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other strategies warn
+        check_resume_compatible(training_args.resume_from_checkpoint, training_args, model_config)
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
+    check_prompt_lengths(  # every prompt as TRL renders it, against the model's context: before the model loads
+        train_dataset, tokenizer, model_context_length(model_path, model_args.model_revision),
+        training_args.max_completion_length, f"dataset_name={task.dataset_name!r}", training_args.chat_template_kwargs,
+    )  # fmt: skip
 
     model_init_kwargs = dict(training_args.model_init_kwargs or {})
     if model_args.dtype is not None:
@@ -150,6 +180,13 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     except NonFiniteTrainingError as error:
         _save_logs_and_plot(trainer, task)
         raise SystemExit(f"error: {error}") from None
+    except Exception as error:  # any other error: the last good weights and optimizer, the logs and the plot
+        stopped = stop_after_error(trainer, error)
+        try:
+            _save_logs_and_plot(trainer, task)
+        except Exception as save_error:  # noqa: BLE001 - keep the training error as the one reported
+            print(f"[sharpgrpo] writing trainer_state.json or the plot failed: {save_error}", file=sys.stderr)
+        raise stopped from error
     stopper = lifecycle_callback(trainer)
     if stopper is not None and stopper.stopped_by_signal:  # SIGINT/SIGTERM: checkpoint saved at the step's end
         _save_logs_and_plot(trainer, task)
@@ -164,7 +201,8 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
         if task.plot:
             from sharpgrpo.plot import plot_training_curves
 
-            plot_training_curves(training_args.output_dir, os.path.join(training_args.output_dir, "training_curves.png"))
+            output_dir = training_args.output_dir
+            plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=task.dataset_name)
     if trainer.is_world_process_zero():
@@ -182,11 +220,23 @@ def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
         plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
 
 
-if __name__ == "__main__":
+def cli(args: list[str] | None = None) -> None:
+    args = sys.argv[1:] if args is None else args
     # transformers 5 renamed gradient_checkpointing* to activation_checkpointing*; TRL's GRPOConfig default
     # (gradient_checkpointing=True) and TRL's trainer still use the old names, so every run warned, ahead of a
     # one-line error too, about something the user did not write.
     warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
-    with one_line_errors():  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
-        parser = TrlParser((TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
-        main(*parser.parse_args_and_config())
+    with one_line_errors(args):  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
+        apply_config_env(args)  # before transformers and datasets are imported: they read it once, on import
+        from trl import ModelConfig
+
+        from sharpgrpo import SharpGRPOConfig
+        from sharpgrpo.config_parser import ConfigParser
+        from sharpgrpo.search.config import SearchArguments
+
+        parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
+        main(*parser.parse_args_and_config(args))
+
+
+if __name__ == "__main__":
+    cli()

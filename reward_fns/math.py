@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from reward_fns import register_reward
 from reward_fns._common import as_list, completion_text, per_completion
 
 CORRECT, WRONG = 1.0, 0.0
+BUDGET_BASE_SECONDS = 10.0  # a reward call's time budget: see `reward_call_budget`
+BUDGET_SECONDS_PER_COMPLETION = 0.25
 
 # ----------------------------------------------------------------------------------------------------------------
 # Extracting the prediction
@@ -244,8 +247,9 @@ class MathVerifier:
             self._process.kill()
             self._process.wait()
 
-    def equivalent(self, prediction: str, golds: list[str]) -> bool:
-        """Whether the LaTeX ``prediction`` is equivalent to any of the LaTeX ``golds`` (False on timeout)."""
+    def equivalent(self, prediction: str, golds: list[str], wait_seconds: float | None = None) -> bool:
+        """Whether the LaTeX ``prediction`` is equivalent to any of the LaTeX ``golds`` (False on timeout; the caller
+        waits at most ``wait_seconds``, ``watchdog_seconds`` by default)."""
         if not prediction.strip() or not golds:
             return False
         request = json.dumps(
@@ -261,7 +265,8 @@ class MathVerifier:
             try:
                 self._process.stdin.write(request + "\n")
                 self._process.stdin.flush()
-                reply = self._lines.get(timeout=self.watchdog_seconds)
+                wait = self.watchdog_seconds if wait_seconds is None else min(wait_seconds, self.watchdog_seconds)
+                reply = self._lines.get(timeout=max(wait, 0.01))
             except (OSError, queue.Empty):
                 reply = None
             try:
@@ -280,15 +285,18 @@ DEFAULT_VERIFIER = MathVerifier()
 atexit.register(DEFAULT_VERIFIER.close)
 
 
-def math_correct(completion: Any, answer: Any, verifier: MathVerifier | None = None) -> bool:
+def math_correct(
+    completion: Any, answer: Any, verifier: MathVerifier | None = None, wait_seconds: float | None = None
+) -> bool:
     """Whether the last ``\\boxed{}`` of ``completion`` (a string or chat messages) matches ``answer`` (any gold
-    shape); the check behind math evaluation."""
+    shape); the check behind math evaluation. ``wait_seconds``: see :meth:`MathVerifier.equivalent`."""
     content = last_boxed_content(completion_text(completion))
     golds = normalize_math_gold(answer)
     if content is None or not content.strip() or not golds:
         return False
     prediction = "\\boxed{" + normalize_latex_number(content.strip()) + "}"
-    return (verifier or DEFAULT_VERIFIER).equivalent(prediction, [gold_to_latex(gold) for gold in golds])
+    golds = [gold_to_latex(gold) for gold in golds]
+    return (verifier or DEFAULT_VERIFIER).equivalent(prediction, golds, wait_seconds=wait_seconds)
 
 
 def math_answer_check(prompts, completions, answer, **kwargs) -> list[bool | None]:
@@ -307,7 +315,27 @@ def math_reward(prompts, completions, answer, **kwargs) -> list[float | None]:
     """
     completions = as_list(completions)
     golds = per_completion(answer, len(completions))
-    return [
-        None if gold is None else (CORRECT if math_correct(c, gold) else WRONG)
-        for c, gold in zip(completions, golds, strict=True)
-    ]
+    deadline = time.monotonic() + reward_call_budget(len(completions))
+    rewards: list[float | None] = []
+    over_budget = 0
+    for completion, gold in zip(completions, golds, strict=True):
+        left = deadline - time.monotonic()
+        if gold is None:
+            rewards.append(None)
+        elif left <= 0:  # pathological answers used the call's time: the rest score 0, counted
+            over_budget += 1
+            rewards.append(WRONG)
+        else:
+            rewards.append(CORRECT if math_correct(completion, gold, wait_seconds=left) else WRONG)
+    log_metric = kwargs.get("log_metric")
+    if callable(log_metric):
+        log_metric("math/over_time_budget", float(over_budget))
+    return rewards
+
+
+def reward_call_budget(num_completions: int) -> float:
+    """Seconds one ``math_reward`` call may spend: :data:`BUDGET_BASE_SECONDS` plus
+    :data:`BUDGET_SECONDS_PER_COMPLETION` per completion (a verification normally takes milliseconds; a pathological
+    box can take math-verify's 5 s timeouts, and many of them would otherwise stall a step for minutes). Completions
+    left when it is spent score 0 and are counted in the ``math/over_time_budget`` metric."""
+    return BUDGET_BASE_SECONDS + BUDGET_SECONDS_PER_COMPLETION * num_completions

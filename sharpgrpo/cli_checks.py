@@ -47,13 +47,33 @@ def one_line_errors(argv: list[str] | None = None):
         debug = True
     try:
         yield
+    except SystemExit as stop:  # a message given to SystemExit ("error: ..."): printed after the progress bars
+        if isinstance(stop.code, str):
+            close_progress_bars()
+            print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
+            sys.exit(1)
+        raise
     except Exception as error:
         if debug:
+            close_progress_bars()
             raise
         message = " ".join(str(error).split()) or repr(error)
-        prefix = "" if isinstance(error, ConfigError) else f"{type(error).__name__}: "
+        prefix = "" if getattr(error, "names_itself", False) else f"{type(error).__name__}: "
+        close_progress_bars()
         print(f"error: {prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)", file=sys.stderr)
         sys.exit(1)
+
+
+def close_progress_bars() -> None:
+    """Close every open tqdm bar (the training bar of an interrupted run) so the error is the last thing shown and
+    no bar is redrawn after it."""
+    tqdm_module = sys.modules.get("tqdm")  # not imported: no bar
+    if tqdm_module is None:
+        return
+    for bar in list(getattr(tqdm_module.tqdm, "_instances", ())):
+        with contextlib.suppress(Exception):  # a bar that cannot redraw (closed stream) must not hide the error
+            bar.close()
+    sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -193,8 +213,11 @@ def check_dataset_kwargs(dataset_name: str, kwargs: dict[str, Any]) -> None:
     validate_arguments(loader, kwargs, "dataset_kwargs")  # the loader's @argument_rules: types and ranges
 
 
-def check_data_file(path: str | os.PathLike, field: str = "dataset_name") -> None:
-    """A local ``.jsonl`` (or JSON-lines ``.json``) file: not empty, every non-blank line a JSON object."""
+def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_prompts: bool = False) -> None:
+    """A local ``.jsonl`` (or JSON-lines ``.json``) file: not empty, every non-blank line a JSON object, and with
+    ``check_prompts`` (the rows are used as they are) every line's ``prompt`` one TRL can train on."""
+    from sharpgrpo.data.row_checks import prompt_problem
+
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.is_file() or suffix not in (".jsonl", ".json"):
@@ -223,6 +246,10 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name") -> Non
                 f"{field}={str(path)!r}: line {number} is a JSON {type(row).__name__}, not an object (one row per "
                 "line)."
             )
+        if check_prompts and "prompt" in row:
+            problem = prompt_problem(row.get("prompt"))
+            if problem is not None:
+                raise ConfigError(f"{field}={str(path)!r}: line {number}: prompt {problem}.")
 
 
 def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
@@ -238,9 +265,21 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
         )
     check_dataset_kwargs(dataset_name, kwargs)
     if not registered:
-        check_data_file(Path(dataset_name).expanduser())
-    dataset = load_train_dataset(dataset_name, **kwargs)
+        as_is = not any(kwargs.get(key) for key in ("column_mapping", "prompt_template"))
+        check_data_file(Path(dataset_name).expanduser(), check_prompts=as_is)
     described = f"dataset_name={dataset_name!r}" + (f" with dataset_kwargs={kwargs!r}" if kwargs else "")
+    try:
+        dataset = load_train_dataset(dataset_name, **kwargs)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - one line naming the dataset (and the registered names)
+        cause = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        if not registered and not Path(dataset_name).expanduser().exists():
+            raise ConfigError(
+                f"dataset_name={dataset_name!r}: not a registered dataset ({', '.join(DATASETS.names())}), not a "
+                f"local file or folder, and the Hugging Face Hub could not load it ({cause})."
+            ) from None
+        raise ConfigError(f"{described}: could not be loaded ({cause}).") from None
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         raise ConfigError(f"{described}: 0 prompts, nothing to train on.")
     if "prompt" not in (dataset.column_names or []):
@@ -276,7 +315,10 @@ def check_rewards(
             f"reward_weights={list(reward_weights)}: {len(reward_weights)} weight(s) for {len(reward_funcs)} reward "
             f"function(s) ({', '.join(reward_names)}); give one weight per function."
         )
+    from sharpgrpo.data.row_checks import check_rows
+
     columns = list(dataset.column_names or [])
+    read = {name: tuple(reward_columns(fn) or ()) for name, fn in zip(reward_names, reward_funcs, strict=True)}
     for name, fn in zip(reward_names, reward_funcs, strict=True):
         missing = [c for c in (reward_columns(fn) or ()) if c not in columns]
         if missing:
@@ -285,3 +327,4 @@ def check_rewards(
                 f"dataset_name={dataset_name!r} lacks (its columns: {', '.join(columns)}); rename one with "
                 "dataset_kwargs column_mapping, or choose this data's reward."
             )
+    check_rows(dataset, f"dataset_name={dataset_name!r}", read)  # every row's prompt; no reward column left empty

@@ -168,7 +168,8 @@ def plan_runs(
             for key, value in [*overrides, *spec.params]:
                 args += [f"--{key}", value]
             args += ["--strategies", ",".join(spec.names), "--seed", str(seed), "--output_dir", str(directory)]
-            args += ["--plot", "false", "--disable_tqdm", "true"]
+            # The run folder holds this run's train.log; a run that starts again replaces what an interrupted one left.
+            args += ["--plot", "false", "--disable_tqdm", "true", "--overwrite_output_dir", "true"]
             eval_args = None
             if eval_task:
                 eval_args = ["--task", eval_task, "--seed", str(seed), "--progress", "false"]

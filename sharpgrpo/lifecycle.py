@@ -165,6 +165,37 @@ def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
     return str(checkpoint)
 
 
+_ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                      "intermediate_size", "vocab_size")  # fmt: skip
+
+
+def check_resume_compatible(checkpoint: str | None, args, model_config: dict) -> None:
+    """Before the model loads: refuse a checkpoint saved for another architecture (its ``config.json`` against the
+    model's, ``model_config``), and warn when it was trained with other strategies (its ``training_args.json``)."""
+    if checkpoint is None:
+        return
+    saved_config = Path(checkpoint) / "config.json"
+    if saved_config.is_file():
+        saved = json.loads(saved_config.read_text(encoding="utf-8"))
+        for key in _ARCHITECTURE_KEYS:
+            if key in saved and key in model_config and saved[key] != model_config[key]:
+                raise CheckpointError(
+                    f"resume_from_checkpoint={checkpoint!r}: saved for another model ({key} {saved[key]!r}; the "
+                    f"model being trained has {model_config[key]!r}); resume with the model_name_or_path it was "
+                    "trained from."
+                )
+    saved_args = Path(checkpoint) / TRAINING_ARGS_JSON
+    if saved_args.is_file():
+        before = json.loads(saved_args.read_text(encoding="utf-8")).get("strategies")
+        if before is not None and list(before) != list(args.strategies):
+            warnings.warn(
+                f"resume_from_checkpoint={checkpoint!r} was trained with strategies {list(before)}; this run uses "
+                f"{list(args.strategies)}: the resumed run changes strategy at step "
+                f"{check_trainer_state(Path(checkpoint) / 'trainer_state.json')['global_step']}.",
+                stacklevel=2,
+            )
+
+
 def generation_period(args) -> int:
     """Micro-steps per TRL generation batch: TRL generates every ``steps_per_generation * num_iterations``
     micro-steps (``GRPOTrainer._prepare_inputs``), and a resumed run generates at its first micro-step."""
@@ -284,23 +315,66 @@ class LifecycleCallback(TrainerCallback):
     def _stop_non_finite(self, state, what: str, weights_good: bool) -> None:
         trainer = self.trainer
         step = state.global_step + (1 if weights_good else 0)
-        if not weights_good:  # after the optimizer step: keep the weights only if they are all finite
-            weights_good = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
-        if weights_good:
-            trainer._save_checkpoint(trainer.model, trial=None)
-            saved = os.path.join(trainer.args.output_dir, f"checkpoint-{state.global_step}")
-            write_complete_marker(trainer, saved)
-            where = f"The last good state (weights and optimizer after step {state.global_step}) is saved in {saved}."
-        else:
-            latest, _ = latest_complete_checkpoint(trainer.args.output_dir)
-            where = "The weights are no longer finite, so they were not saved; " + (
-                f"the last good checkpoint is {latest}." if latest else "no earlier checkpoint exists."
-            )
+        where = save_last_good_state(trainer, weights_checked=weights_good, all_processes_here=True)
         raise NonFiniteTrainingError(
             f"Step {step}: {what} (strategies {list(trainer.args.strategies)}, loss_type {trainer.args.loss_type!r}, "
             f"learning_rate {trainer.args.learning_rate}); training stopped instead of sampling from NaN weights. "
             f"{where} Lower the learning rate or check the strategy parameters and reward scale."
         )
+
+    def restore_signal_handlers(self) -> None:
+        self.on_train_end(None, None, None)
+
+
+def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False) -> str:
+    """Save the weights, optimizer, scheduler and random states of the last finished step as a complete
+    ``checkpoint-<step>`` (unless one exists), and return one sentence saying where the last good state is.
+
+    Weights that are no longer finite are not saved. ``all_processes_here``: every process calls this together (a
+    stop all processes decide on); otherwise, with several processes, saving would wait for the others forever, so
+    only the newest earlier checkpoint is named."""
+    output_dir = trainer.args.output_dir
+    step = trainer.state.global_step
+
+    def earlier(reason: str) -> str:
+        latest, _ = latest_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else (None, [])
+        return reason + (f"; the last good checkpoint is {latest}." if latest else "; no earlier checkpoint exists.")
+
+    if trainer.accelerator.num_processes > 1 and not all_processes_here:
+        return earlier(f"No checkpoint was saved ({trainer.accelerator.num_processes} processes save together)")
+    if not weights_checked and not all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters()):
+        return earlier("The weights are no longer finite, so they were not saved")
+    if step == 0:
+        return "No step had finished, so there was nothing to save."
+    saved = os.path.join(output_dir, f"checkpoint-{step}")
+    if not (Path(saved) / COMPLETE_MARKER).exists():
+        try:
+            trainer._save_checkpoint(trainer.model, trial=None)
+            write_complete_marker(trainer, saved)
+        except Exception as error:  # noqa: BLE001 - e.g. a full disk: say so, keep the original error
+            return earlier(f"Saving checkpoint-{step} failed ({type(error).__name__}: {error})")
+    return (
+        f"The last good state (weights and optimizer after step {step}) is saved in {saved}; once the cause is "
+        "fixed, continue with --resume_from_checkpoint true."
+    )
+
+
+class TrainingStopped(RuntimeError):
+    """Training ended with an error after :func:`save_last_good_state`; the message names both."""
+
+    names_itself = True
+
+
+def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
+    """The error that ends a run which raised ``error`` during ``train()``, after saving its last good state."""
+    callback = lifecycle_callback(trainer)
+    if callback is not None:
+        callback.restore_signal_handlers()
+    where = save_last_good_state(trainer)
+    message = " ".join(str(error).split()).rstrip(".") or repr(error)
+    return TrainingStopped(
+        f"training stopped at step {trainer.state.global_step + 1} by {type(error).__name__}: {message}. {where}"
+    )
 
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:

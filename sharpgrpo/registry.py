@@ -24,6 +24,11 @@ def import_from_path(path: str):
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValueError(f"Could not import module {module_name!r} for {path!r}: {error}") from error
+    except Exception as error:  # user code that fails while importing: one line naming it
+        message = " ".join(str(error).split())
+        raise ValueError(
+            f"Importing module {module_name!r} for {path!r} raised {type(error).__name__}: {message}"
+        ) from error
     try:
         return getattr(module, attribute)
     except AttributeError as error:

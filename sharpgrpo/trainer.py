@@ -54,7 +54,7 @@ from sharpgrpo.policy_inputs import (
 )
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
 from sharpgrpo.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
-from sharpgrpo.validation import StrategyOutputChecker
+from sharpgrpo.validation import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.vllm_seeding import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
 
 # Model inputs besides ids and mask that TRL's forward passes on (multimodal models).
@@ -85,7 +85,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
-        super().__init__(model, reward_funcs, args, **kwargs)
+        super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:

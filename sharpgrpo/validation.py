@@ -31,6 +31,8 @@ from typing import Any
 class ConfigError(ValueError):
     """A configuration or input value that is refused; the message is one line naming the field and the value."""
 
+    names_itself = True  # printed as is, without the class name
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -303,6 +305,86 @@ def check_token_advantages(strategy: Any, strategy_names: list[str], output: Any
         )
     _check_shape("token advantages", label, output[0], batch.advantages.shape)
     _check_values("token advantages", label, output[0], batch.completion_mask, require_positive=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reward outputs: every batch, every reward function
+
+
+class RewardOutputError(ValueError):
+    """A reward function returned something other than one finite number (or None) per completion."""
+
+
+def check_reward_output(name: str, output: Any, expected: int, one_of_several: bool) -> list:
+    """``output`` of reward function ``name`` for ``expected`` completions, as a list, or the error naming the
+    function and its first bad value: a list (or 1-d array) of ``expected`` finite numbers or None; None for every
+    completion only when other reward functions score the batch (otherwise it has no training signal)."""
+    if hasattr(output, "tolist") and not isinstance(output, (str, bytes)):
+        output = output.tolist()  # a numpy array or tensor
+    if not isinstance(output, (list, tuple)):
+        raise RewardOutputError(
+            f"Reward function {name!r} returned a {type(output).__name__}; it must return a list with one reward "
+            f"(a finite number, or None) per completion ({expected})."
+        )
+    if len(output) != expected:
+        raise RewardOutputError(
+            f"Reward function {name!r} returned {len(output)} rewards for {expected} completions; it must return "
+            "one per completion."
+        )
+    values = list(output)
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+            value = values[index] = value.item()  # a 0-d tensor or numpy scalar
+        if not isinstance(value, Real) or not math.isfinite(value):
+            raise RewardOutputError(
+                f"Reward function {name!r} returned {value!r} for completion {index} of {expected}; a reward must be "
+                "a finite number, or None for a completion the function does not score."
+            )
+    if not one_of_several and expected and all(value is None for value in values):
+        raise RewardOutputError(
+            f"Reward function {name!r} returned None for all {expected} completions of the batch; with no other "
+            "reward function there is no training signal (None means the function does not score a completion)."
+        )
+    return values
+
+
+def checked_reward_functions(reward_funcs: Any) -> Any:
+    """``reward_funcs`` as ``GRPOTrainer`` takes them, each callable wrapped so that its output is checked by
+    :func:`check_reward_output` on every batch (same name, attributes and sync/async kind; reward models and Hub
+    ids are left as they are)."""
+    import functools
+
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    several = len(funcs) > 1
+
+    def wrap(fn):
+        if isinstance(fn, str) or not callable(fn) or hasattr(fn, "parameters") or hasattr(fn, "__checked_reward__"):
+            return fn  # a Hub id, a reward model (nn.Module), or wrapped already
+        name = get_callable_name(fn)
+
+        if is_async_callable(fn):
+
+            async def checked(*args, **kwargs):
+                output = await fn(*args, **kwargs)
+                return check_reward_output(name, output, len(kwargs["completions"]), several)
+
+        else:
+
+            def checked(*args, **kwargs):
+                return check_reward_output(name, fn(*args, **kwargs), len(kwargs["completions"]), several)
+
+        functools.update_wrapper(checked, fn, assigned=("__module__", "__qualname__", "__doc__"))
+        checked.__name__ = name
+        checked.__checked_reward__ = True
+        return checked
+
+    if reward_funcs is None:
+        return None
+    return [wrap(fn) for fn in funcs] if isinstance(reward_funcs, (list, tuple)) else wrap(reward_funcs)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
     assert (output / "reward.png").stat().st_size > 0 and (output / "grad_norm.png").stat().st_size > 0
     for run in on_disk["runs"]:
         if run["status"] == "failed":
-            assert f"seed {run['seed']}: exit code 2 of train.py" in report
+            assert f"seed {run['seed']}: exit code 1 of train.py" in report
             assert run["log"] in report and "learning_rate" in Path(run["log"]).read_text()
             assert run["metrics"] is None
 

@@ -1,0 +1,66 @@
+"""``train.py``'s parser: TRL's ``TrlParser`` (a YAML config, then command-line overrides) reading the config file
+with :mod:`sharpgrpo.config_file` and reporting every parse error in one line.
+
+Differences from ``TrlParser``: duplicate YAML keys, unbounded aliases and a non-scalar ``env:`` value are refused
+(:func:`sharpgrpo.config_file.read_config`); a value argparse cannot convert (``num_generations: "eight"``,
+``bf16: maybe``) or a missing ``--config`` value is a :class:`~sharpgrpo.validation.ConfigError` naming the field and
+the value instead of argparse's usage block; an unknown config key names the closest field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+
+from trl import TrlParser
+
+from sharpgrpo.config_file import CONFIG_FLAG, config_path_from_args, env_block, read_config
+from sharpgrpo.validation import ConfigError
+
+_ARGUMENT = re.compile(r"^argument --(\w+)(?:/--[\w-]+)*: (.*)$", re.DOTALL)
+
+
+class ConfigParser(TrlParser):
+    """``TrlParser`` with the config file read by :mod:`sharpgrpo.config_file` and one-line errors."""
+
+    _config_path: str | None = None
+
+    def error(self, message: str):  # argparse prints its usage block and exits 2; one line instead
+        match = _ARGUMENT.match(message)
+        source = f" (from {self._config_path} or the command line)" if self._config_path else ""
+        if match:
+            field, problem = match.groups()
+            raise ConfigError(f"{field}: {' '.join(problem.split())}{source}")
+        raise ConfigError(" ".join(message.split()) + source)
+
+    def parse_args_and_config(self, args=None, return_remaining_strings=False, fail_with_unknown_args=True,
+                              separate_remaining_strings=False):  # fmt: skip
+        import sys
+
+        args = list(args) if args is not None else sys.argv[1:]
+        path = config_path_from_args(args)
+        remaining: list[str] = []
+        if path is not None:
+            index = next(i for i, a in enumerate(args) if a == CONFIG_FLAG or a.startswith(CONFIG_FLAG + "="))
+            del args[index : index + (1 if "=" in args[index] else 2)]
+            self._config_path = path
+            config = read_config(path)
+            os.environ.update(env_block(config, path))  # train.py applied it before any import; idempotent
+            config.pop("env", None)
+            remaining = self.set_defaults_with_config(**config)
+            if remaining and fail_with_unknown_args and not return_remaining_strings:
+                fields = [action.dest for action in self._actions]
+                unknown = [key for key in config if key not in fields]
+                close = difflib.get_close_matches(unknown[0], fields, n=1) if unknown else []
+                raise ConfigError(
+                    f"config={path!r}: {', '.join(unknown) or remaining[0]} is not a field of train.py"
+                    + (f" (did you mean {close[0]}?)" if close else "")
+                    + "; see python train.py --help."
+                )
+        output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
+        if return_remaining_strings:
+            if separate_remaining_strings:
+                return output[:-1] + (remaining, output[-1])
+            return output[:-1] + (remaining + output[-1],)
+        return output

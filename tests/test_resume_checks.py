@@ -1,0 +1,43 @@
+"""Resuming is checked before the model loads (``sharpgrpo.lifecycle.check_resume_compatible``): a checkpoint saved
+for another architecture is refused naming the differing field; one trained with other strategies warns naming
+both lists."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from sharpgrpo.lifecycle import TRAINING_ARGS_JSON, CheckpointError, check_resume_compatible
+
+MODEL = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 260}
+
+
+def checkpoint(tmp_path, config: dict, strategies: list[str]):
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / TRAINING_ARGS_JSON).write_text(json.dumps({"strategies": strategies}))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": []}))
+    return str(folder)
+
+
+def test_another_architecture_is_refused_naming_the_field(tmp_path):
+    saved = checkpoint(tmp_path, {**MODEL, "num_hidden_layers": 28}, ["grpo_sg"])
+    args = types.SimpleNamespace(strategies=["grpo_sg"])
+    with pytest.raises(CheckpointError, match=r"saved for another model \(num_hidden_layers 28; the model being "
+                       r"trained has 2\)"):  # fmt: skip
+        check_resume_compatible(saved, args, MODEL)
+
+
+def test_other_strategies_warn_naming_both(tmp_path):
+    saved = checkpoint(tmp_path, MODEL, ["grpo_sg"])
+    with pytest.warns(UserWarning, match=r"trained with strategies \['grpo_sg'\]; this run uses \['equal'\].*step 4"):
+        check_resume_compatible(saved, types.SimpleNamespace(strategies=["equal"]), MODEL)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_resume_compatible(saved, types.SimpleNamespace(strategies=["grpo_sg"]), MODEL)
+        check_resume_compatible(None, types.SimpleNamespace(strategies=["equal"]), MODEL)
