@@ -1,4 +1,4 @@
-"""Does every registered strategy, with its defaults, learn on the demo task? (issue 10; README "Decisions").
+"""Does every registered strategy, with its defaults, learn on the demo task? (README "Decisions").
 
 For each strategy and seed: ``python train.py --config configs/demo.yaml --strategies NAME --seed S`` (the demo's
 200 steps unless ``--max-steps``), then the mean reward of the first and of the last 10% of the logged steps. A

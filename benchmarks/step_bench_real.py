@@ -1,6 +1,6 @@
 """Step-time benchmark at real shapes: one model of Qwen2.5-1.5B's shapes, one trainer, strategies swapped.
 
-Issue 13, item 3. A randomly initialised Qwen2 with Qwen2.5-1.5B's shapes (28 layers, hidden 1536, MLP 8960, 12
+A randomly initialised Qwen2 with Qwen2.5-1.5B's shapes (28 layers, hidden 1536, MLP 8960, 12
 heads / 2 KV heads, vocabulary 151,936, tied embeddings; built locally from a config, nothing downloaded) and a
 word-level tokenizer whose vocabulary covers every id (``t0 ... t151933`` plus pad and EOS), trained by ONE
 ``SharpGRPOTrainer`` (AdamW at this size holds about 18 GB, so there is one copy of the model). The variants are

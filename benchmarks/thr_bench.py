@@ -1,4 +1,4 @@
-"""Benchmark of the THR score computation (sharpgrpo.strategies.thr.token_hidden_reward_scores, METHODS §3).
+"""Benchmark of the THR score computation (sharpgrpo.strategies.thr.token_hidden_reward_scores, docs/methods.md §3).
 
 For one synthetic group of G completions of equal length L (N = G*L tokens, a fraction of the completions positive,
 nP = |P|*L P-tokens) it measures, per method (``fused``, ``factored``, ``pairwise``, ``auto``):

@@ -1,4 +1,4 @@
-"""THR retention with the default threshold (METHODS §3, revised) on a real model's hidden states.
+"""THR retention with the default threshold (docs/methods.md §3) on a real model's hidden states.
 
 For each completion length L: sample groups of G completions of exactly L tokens from the model (temperature 1, no
 early stop) for demo prompts, take the last-layer hidden states and the LM head, split each group into P = the first

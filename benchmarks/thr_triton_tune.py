@@ -1,6 +1,6 @@
 """Launch configurations of the THR Triton kernel (sharpgrpo/strategies/_thr_triton.py) on a GPU, then the whole score.
 
-Issue 13, item 2. For each candidate (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) it
+For each candidate (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) it
 
 * checks the tile statistics of one vocabulary tile (bf16 inputs, fp32 accumulation) against float64 on the same
   bf16 values: the quantities the score is built from (log-normaliser, 1 - q(y), the weighted sum over other ids,

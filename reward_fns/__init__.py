@@ -1,6 +1,6 @@
 """Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float | None]``.
 
-Registered names (METHODS.md §5): ``kk`` (Logic-RL Knights & Knaves reward), ``math`` (binary math-verify reward),
+Registered names (docs/methods.md §5): ``kk`` (Logic-RL Knights & Knaves reward), ``math`` (binary math-verify reward),
 ``qa_em`` (Search-R1 exact match), ``think_format`` (CW-GRPO's ``<think>`` format reward), ``search_format``
 (Search-R1's multi-turn think/search/answer format). ``get_reward_function``
 also imports a dotted path (``my_package.my_module.my_reward``) so users can plug their own. Every function accepts

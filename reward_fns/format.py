@@ -1,5 +1,5 @@
 """``<think>`` format reward of CW-GRPO (App. A: "a reward of 1.0 when the output contains properly matched <think>
-tags"; METHODS.md §5).
+tags"; docs/methods.md §5).
 
 CW-GRPO trains with TRL on Open-RS, so the rule is TRL's ``trl.rewards.think_format_reward``: 1.0 if the text starts
 with ``<think>``, contains no second ``<think>`` and closes it with ``</think>`` (anything may follow), else 0.0.

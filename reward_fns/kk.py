@@ -1,6 +1,6 @@
 """Knights & Knaves rewards: Logic-RL's training reward and the evaluation check behind the accuracy tables.
 
-Training reward (Logic-RL, Xie et al. 2025, ``verl/utils/reward_score/kk.py``; GRPO-SG Table 5; METHODS.md §5)::
+Training reward (Logic-RL, Xie et al. 2025, ``verl/utils/reward_score/kk.py``; GRPO-SG Table 5; docs/methods.md §5)::
 
     format  +1 if <think>, </think>, <answer>, </answer> each occur exactly once, in that order, else -1
     answer  +2    all roles right          (only scored when the format is right)
@@ -88,7 +88,7 @@ def kk_score(text: str, solution_text_format: str) -> float:
 
 
 def kk_answer_check(prompts, completions, solution_text_format, **kwargs) -> list[bool | None]:
-    """The K&K answer check, independent of the format term (METHODS §3): the last ``<answer>...</answer>`` block
+    """The K&K answer check, independent of the format term (docs/methods.md §3): the last ``<answer>...</answer>`` block
     parses (the training reward's parser, :func:`parse_answer`) and every person's role matches the solution.
 
     This is the "correct" of THR's positive set and pass@k's c: with the +-1 format term of :func:`kk_reward`, a

@@ -1,5 +1,5 @@
 """Math reward: 1.0 if the last ``\\boxed{...}`` of the completion is equivalent to the reference under math-verify,
-else 0.0 (the binary reward of GRPO-SG App. B.1.1, TR-GRPO and CW-GRPO; METHODS.md §5).
+else 0.0 (the binary reward of GRPO-SG App. B.1.1, TR-GRPO and CW-GRPO; docs/methods.md §5).
 
 * The prediction is the content of the last ``\\boxed`` (or ``\\fbox``) in the completion, braces balanced; a missing,
   unclosed or empty box scores 0. It is handed to math-verify as ``\\boxed{content}`` with math-verify's default LaTeX

@@ -1,5 +1,5 @@
 """Search-QA exact-match reward (Search-R1, Jin et al. 2025, ``verl/utils/reward_score/qa_em.py``; GRPO-SG Eq. 20;
-METHODS.md §5).
+docs/methods.md §5).
 
 +1 if the normalised text of the last ``<answer>...</answer>`` in the completion equals any normalised gold answer,
 else -1. Normalisation is SQuAD's ``normalize_answer`` as Search-R1 uses it: lower-case, delete ASCII punctuation

@@ -1,4 +1,4 @@
-"""One notion of a "correct completion" (METHODS §3 "Positive set"), for THR's and NTHR's positive set P and for
+"""One notion of a "correct completion" (docs/methods.md §3 "Positive set"), for THR's and NTHR's positive set P and for
 the number of correct completions c of ``passk_mixed``.
 
 Correctness comes from the task's **answer check**, not from the sign of the advantage of a total reward that may
@@ -67,7 +67,7 @@ def answer_verdicts(
 
 
 def fallback_rule(rewards: torch.Tensor) -> str:
-    """Which fallback applies to these total rewards (METHODS §3): ``FALLBACK_BINARY`` or ``FALLBACK_ADVANTAGE``."""
+    """Which fallback applies to these total rewards (docs/methods.md §3): ``FALLBACK_BINARY`` or ``FALLBACK_ADVANTAGE``."""
     values = torch.unique(rewards.detach().float())
     if bool(((values == 0) | (values == 1)).all()) or values.numel() == 2:
         return FALLBACK_BINARY
@@ -75,7 +75,7 @@ def fallback_rule(rewards: torch.Tensor) -> str:
 
 
 def fallback_correct(rewards: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """Correctness without an answer check (METHODS §3). rewards (B,), advantages (B,) -> ((B,) bool, rule)."""
+    """Correctness without an answer check (docs/methods.md §3). rewards (B,), advantages (B,) -> ((B,) bool, rule)."""
     rule = fallback_rule(rewards)
     if rule == FALLBACK_BINARY:
         values = torch.unique(rewards.detach().float())
@@ -116,7 +116,7 @@ def correct_completions(
             warnings.warn(
                 "No answer check gives a verdict on some completions (declare one with "
                 "`register_reward(name, answer_check=...)`, see reward_fns): their groups define \"correct\" (THR's "
-                f"positive set, pass@k's c) by the fallback of METHODS §3, {rule}.",
+                f"positive set, pass@k's c) by the fallback of docs/methods.md §3, {rule}.",
                 UserWarning,
                 stacklevel=2,
             )

@@ -77,7 +77,7 @@ def weighted_policy_surrogate(
     placement: str,
     **surrogate_kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``policy_surrogate`` with a token weight placed as METHODS §1 says ("Where w enters the loss").
+    """``policy_surrogate`` with a token weight placed as docs/methods.md §1 says ("Where w enters the loss").
 
     ``loss`` (default): ``w * surrogate(r)``. ``ratio`` (GRPO-SG Eq. 13 as printed): ``surrogate(w * r)``.
     ``weights=None`` is TRL's unweighted surrogate. Returns (per-token loss, the ratio the surrogate saw: w*r under

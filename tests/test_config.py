@@ -14,8 +14,8 @@ def test_defaults_follow_methods(tmp_path):
     assert args.strategies == ["grpo_sg"]
     assert (args.sg_alpha, args.sg_mu, args.sg_lower, args.sg_upper) == (2.0, 0.25, 1.0, 1.4)
     assert args.sg_tau == pytest.approx(1 / 9)
-    assert (args.weight_placement, args.kl_weighting) == ("loss", "loss")  # METHODS §1 (revised)
-    assert args.cw_advantage_mean == "response"  # METHODS §2 (revised)
+    assert (args.weight_placement, args.kl_weighting) == ("loss", "loss")  # docs/methods.md §1
+    assert args.cw_advantage_mean == "response"  # docs/methods.md §2
 
 
 def test_strategies_accept_string_list_and_comma_form(tmp_path):

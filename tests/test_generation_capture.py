@@ -1,4 +1,4 @@
-"""No extra forward (issue 13): log-probabilities and hidden states read from `generate`, `ar` folded in the loss.
+"""No extra forward: log-probabilities and hidden states read from `generate`, `ar` folded in the loss.
 
 Tolerance. The captured values come from KV-cache decoding (one new position per step, attention against cached
 keys), the reference from one full forward over prompt + completion: the same function of the same fp32 weights,

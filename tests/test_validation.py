@@ -136,7 +136,7 @@ def test_valid_edge_values_are_accepted(tmp_path):
 
 
 def test_values_trl_runs_with_are_accepted(tmp_path):
-    """Issue 15: what TRL 1.16 accepts and runs with stays accepted unless the README says why."""
+    """what TRL 1.16 accepts and runs with stays accepted unless the README says why."""
     assert make(tmp_path, max_grad_norm=-1.0).max_grad_norm == -1.0  # <= 0 disables clipping in transformers
     assert make(tmp_path, max_grad_norm=0.0).max_grad_norm == 0.0
     assert make(tmp_path, num_train_epochs=0, max_steps=5).max_steps == 5  # epochs are ignored with max_steps > 0

@@ -2,7 +2,7 @@
 
 Puzzle semantics follow the generator of Xie et al. 2024 ("On Memorization of Large Language Models in Logical
 Reasoning", mem-kk-logic ``data_prep/lib_kk.py``), the data Logic-RL (Xie et al. 2025), AR-Lopti and GRPO-SG train and
-evaluate on (METHODS.md §5):
+evaluate on (docs/methods.md §5):
 
 * Every inhabitant is a knight (always tells the truth) or a knave (always lies) and makes one statement.
 * A statement is a nested tuple. Leaves are ``("telling-truth", j)`` ("j is a knight") and ``("lying", j)``

@@ -19,7 +19,7 @@ jsonl/parquet file. Steps:
 
 Examples::
 
-    # DeepScaleR or open-rs (columns problem, answer, ...): METHODS §5 math prompt, no chat template
+    # DeepScaleR or open-rs (columns problem, answer, ...): docs/methods.md §5 math prompt, no chat template
     load_train_dataset("agentica-org/DeepScaleR-Preview-Dataset", column_mapping={"problem": "prompt"},
                        prompt_template="math")
     # Search-R1's NQ/HotpotQA parquet (columns question, golden_answers, prompt = Search-R1's chat prompt)

@@ -1,4 +1,4 @@
-"""Math evaluation sets (shared/data/math, see its SOURCES.md) and the math prompt of METHODS.md §5.
+"""Math evaluation sets (shared/data/math, see its SOURCES.md) and the math prompt of docs/methods.md §5.
 
 Prompt (GRPO-SG App. B.1.1, used without a chat template for base models)::
 

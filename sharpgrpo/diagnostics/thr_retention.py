@@ -1,4 +1,4 @@
-"""THR's retained fraction with the default threshold on a model's own samples (METHODS §3, revised; issue 10).
+"""THR's retained fraction with the default threshold on a model's own samples (docs/methods.md §3).
 
 THR keeps the tokens with |THR| > tau (THR Eq. 5); its paper reports the retained fraction (App. E.5, Table 16: 18%
 for Qwen2.5-Math-1.5B, 14% for 7B). :func:`thr_retention` measures it on G completions sampled from a causal LM,

@@ -1,7 +1,7 @@
 """Accuracy estimators of the evaluation tables: avg@k and the unbiased pass@k.
 
 n samples are drawn per problem and c of them are correct. The papers report avg@16 (mean accuracy over the 16
-samples) and pass@16 for AMC and AIME (GRPO-SG Sec. 4.1, METHODS.md §5).
+samples) and pass@16 for AMC and AIME (GRPO-SG Sec. 4.1, docs/methods.md §5).
 """
 
 from __future__ import annotations

@@ -150,8 +150,8 @@ class EvalConfig:
         default=None,
         metadata={"help": "search_qa: a corpus .jsonl to serve on loopback for the evaluation (`shared:qa`: the shared one)."},
     )
-    max_search_turns: int = field(default=4, metadata={"help": "search_qa: most searches per question (METHODS §6)."})
-    retrieval_topk: int = field(default=3, metadata={"help": "search_qa: passages per search (METHODS §6)."})
+    max_search_turns: int = field(default=4, metadata={"help": "search_qa: most searches per question (docs/methods.md §6)."})
+    retrieval_topk: int = field(default=3, metadata={"help": "search_qa: passages per search (docs/methods.md §6)."})
     max_obs_tokens: int | None = field(
         default=None,
         metadata={"help": "search_qa: most tokens per <information> block. Default: the run's own (search_args.json "

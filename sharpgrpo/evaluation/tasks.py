@@ -1,4 +1,4 @@
-"""The three evaluation settings of the papers (METHODS.md §5): what problems, how a completion is judged, and how
+"""The three evaluation settings of the papers (docs/methods.md §5): what problems, how a completion is judged, and how
 results are aggregated into the papers' tables.
 
 * ``kk``: Knights & Knaves accuracy per number of people (2-8) and overall, greedy, judged by the lenient

@@ -1,6 +1,6 @@
 """Strategy interfaces and the strategy registry.
 
-Two kinds of strategy change the GRPO policy loss (METHODS.md, notation):
+Two kinds of strategy change the GRPO policy loss (docs/methods.md, Notation):
 
 * a **token-weight** strategy returns ``w[i, t]`` used inside the per-token surrogate of every micro-batch
   (placement ``ratio`` or ``loss``); it sees only the current micro-batch and is evaluated from the detached,
@@ -58,7 +58,7 @@ class GenerationBatch:
         unembedding_weight: (V, H) or None; the LM head weight, with ``unembedding_bias`` (V,) or None.
         temperature: the sampling temperature that scales the logits.
         correct: (B,) bool or None; whether each completion is correct (``sharpgrpo.correctness``: the reward
-            functions' answer checks, else the METHODS §3 fallback). Filled when a strategy sets
+            functions' answer checks, else the docs/methods.md §3 fallback). Filled when a strategy sets
             ``needs_correctness``; strategies read it through ``sharpgrpo.correctness.batch_correct``.
     """
 

@@ -1,4 +1,4 @@
-"""CW-GRPO: covariance Gaussian-kernel advantage weights (METHODS.md §2).
+"""CW-GRPO: covariance Gaussian-kernel advantage weights (docs/methods.md §2).
 
 Wang, Liu, Zhou and Chen, "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage
 Reweighting" (ACL 2026 short, arXiv:2605.11538), §2.3. The paper's displays carry no equation numbers, so they
@@ -9,13 +9,13 @@ are cited by the symbol they define:
 * §2.3 ``w~_{i,t}``: w~[i,t] = w[i,t] * N / sum_{j,k} w[j,k], N = sum_j |o_j|   (renormalisation)
 * §2.3 ``l~_{i,t}``: l~[i,t] = r[i,t] * (w~[i,t] * A[i]) - beta * KL[i,t]   (the loss is otherwise GRPO's)
 
-Decisions (METHODS §2, where the paper is silent or loose):
+Decisions (docs/methods.md §2, where the paper is silent or loose):
 
 * The statistics are taken over a *scope*: the group (default, the paper's sums run over the G responses of one
   prompt) or the whole generation batch. The caller passes whole scopes; under multi-process training it must
   gather the groups first so that a 2-process run gives the weights of a 1-process run.
 * ``mean(logp)`` is the masked **token** mean over the scope and ``sigma`` the population standard deviation
-  (divide by N) of ``c`` over the scope's valid tokens. ``mean(A)`` (revised, METHODS §2; the paper: "computed over
+  (divide by N) of ``c`` over the scope's valid tokens. ``mean(A)`` (docs/methods.md §2; the paper: "computed over
   responses") counts each response once by default (``advantage_mean="response"``: the mean over the scope's
   responses with a valid token of each response's advantage, its masked token mean; 0 for group-normalised A), so
   a group's weights do not depend on how long its wrong answers are. ``advantage_mean="token"`` (the earlier
@@ -74,7 +74,7 @@ def covariance_gaussian_weights(
     sigma_eps: float = DEFAULT_SIGMA_EPS,
     advantage_mean: str = "response",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """CW-GRPO §2.3 (c_{i,t}, w_{i,t}, w~_{i,t}); METHODS §2. Token weights w~ that multiply the advantages.
+    """CW-GRPO §2.3 (c_{i,t}, w_{i,t}, w~_{i,t}); docs/methods.md §2. Token weights w~ that multiply the advantages.
 
     For every scope (the rows sharing a ``scope_ids`` value), over its valid tokens (``mask`` = 1), N of them:
 
@@ -213,19 +213,19 @@ def _weight_stats(
 
 @register_strategy("cw_grpo")
 class CovarianceWeighting(AdvantageStrategy):
-    """CW-GRPO advantage strategy (METHODS §2): token advantages ``A[i,t] = w~[i,t] * A[i,t]``.
+    """CW-GRPO advantage strategy (docs/methods.md §2): token advantages ``A[i,t] = w~[i,t] * A[i,t]``.
 
     Config attributes read from ``args``:
 
     * ``cw_scope``: ``"group"`` (default; statistics per prompt group, as the paper's sums over G responses) or
       ``"batch"`` (one scope: every completion of the generation batch handed to the strategy, which the trainer
       gathers from all processes);
-    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, METHODS §2);
-    * ``cw_advantage_mean``: ``"response"`` (default) or ``"token"``, how mean(A) is taken (METHODS §2, revised);
+    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, docs/methods.md §2);
+    * ``cw_advantage_mean``: ``"response"`` (default) or ``"token"``, how mean(A) is taken (docs/methods.md §2);
     * ``cw_variant``: ``"paper"`` (default, this class) or ``"released"``: constructing the class then returns a
       :class:`ReleasedCovarianceWeights`, the authors' released loss (a token-weight strategy, see there).
 
-    ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (METHODS §2), so the
+    ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (docs/methods.md §2), so the
     weights are computed once per generation batch and reused by every optimisation step on it.
     """
 

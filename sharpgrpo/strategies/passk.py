@@ -1,7 +1,7 @@
-"""Pass@k-mixed advantages (Chen et al. 2025, "Pass@k Training"; METHODS.md §4; THR paper Sec. 6.2).
+"""Pass@k-mixed advantages (Chen et al. 2025, "Pass@k Training"; docs/methods.md §4; THR paper Sec. 6.2).
 
 Per group of n = G completions, c of them correct (``sharpgrpo.correctness``: the task's answer check, else the
-METHODS §3 fallback; for binary rewards, the completions with reward 1):
+docs/methods.md §3 fallback; for binary rewards, the completions with reward 1):
 
     rho     = 1 - C(n-c, K) / C(n, K)                      # unbiased pass@K of the group
     sigma   = sqrt(rho (1 - rho))
@@ -46,7 +46,7 @@ def _as_correct(correct: torch.Tensor) -> torch.Tensor:
     if not bool(((correct == 0) | (correct == 1)).all()):
         values = sorted({float(v) for v in correct.flatten().tolist()})
         raise ValueError(
-            "passk_mixed needs correctness as bool or binary rewards in {0, 1} (METHODS §4); got values "
+            "passk_mixed needs correctness as bool or binary rewards in {0, 1} (docs/methods.md §4); got values "
             f"{values[:8]}{' ...' if len(values) > 8 else ''}. Rescale the reward to 0/1 (1 = correct)."
         )
     return correct == 1
@@ -67,7 +67,7 @@ def passk_group_statistics(num_generations: int, num_correct: int, k: int) -> tu
 
 
 def passk_advantages(correct: torch.Tensor, k: int) -> torch.Tensor:
-    """Pass@K advantages of one group (METHODS §4). Shapes: correct (G,) bool (or binary rewards in {0, 1})
+    """Pass@K advantages of one group (docs/methods.md §4). Shapes: correct (G,) bool (or binary rewards in {0, 1})
     -> (G,) float32.
 
     Raises ValueError for non-binary float input or K outside [1, G]."""
@@ -95,8 +95,8 @@ def mixed_advantages(grpo_advantages: torch.Tensor, correct: torch.Tensor, k: in
 
 @register_strategy("passk_mixed")
 class PassKMixedStrategy(AdvantageStrategy):
-    """Pass@K-mixed advantages (METHODS §4). Config attribute: ``passk_k`` (4). c counts the correct completions of
-    each group (``sharpgrpo.correctness.batch_correct``: the reward functions' answer checks, else the METHODS §3
+    """Pass@K-mixed advantages (docs/methods.md §4). Config attribute: ``passk_k`` (4). c counts the correct completions of
+    each group (``sharpgrpo.correctness.batch_correct``: the reward functions' answer checks, else the docs/methods.md §3
     fallback, which for binary {0, 1} rewards is reward == 1).
 
     ``batch.advantages`` (B, T) is used as A_grpo (row j's token advantages), so the strategy composes after another

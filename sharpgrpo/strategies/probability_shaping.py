@@ -1,4 +1,4 @@
-"""Probability-shaped token weights: GRPO-SG / TR-GRPO and the papers' ablations, plus AR-Lopti (METHODS §1).
+"""Probability-shaped token weights: GRPO-SG / TR-GRPO and the papers' ablations, plus AR-Lopti (docs/methods.md §1).
 
 GRPO-SG (Sharpness-Guided GRPO, newest version of TR-GRPO) damps the gradients of sharp, low-probability tokens
 by giving higher-probability tokens a larger weight:
@@ -46,7 +46,7 @@ def ratio_silenced_range(
 
     ``weight_fn`` maps probabilities (float64) to weights and must be monotone in p (Eq. 19 and its reverse are).
     Returns ``(low, high)`` with the silenced set ``(low, high]`` / ``[low, high)`` up to the bisection's
-    resolution 2^-iterations, or None when no p is silenced. With the METHODS §1 defaults (alpha 2, mu 0.25,
+    resolution 2^-iterations, or None when no p is silenced. With the docs/methods.md §1 defaults (alpha 2, mu 0.25,
     tau 1/9, clip [1, 1.4], eps_high 0.24) it is p > 0.2112 (= tau * logit((1 + eps_high)/alpha + mu)).
     """
     limit = 1.0 + epsilon_high

@@ -1,4 +1,4 @@
-"""Token Hidden Reward (THR) and Negative Token Hidden Reward (NTHR) token advantages (METHODS.md §3).
+"""Token Hidden Reward (THR) and Negative Token Hidden Reward (NTHR) token advantages (docs/methods.md §3).
 
 THR (Deng et al., "Token Hidden Reward", Corollary 4.2 and Eq. 5) scores every completion token of a group by its
 contribution to the likelihood change of the group's correct completions, from the last-layer hidden states ``h``
@@ -8,7 +8,7 @@ contribution to the likelihood change of the group's correct completions, from t
     THR[j,m] = s_j * sum_{i in P} (1/|y_i|) * sum_k alpha((i,k),(j,m)) * < h[i,k], h[j,m] >
     s_j = +1 if j in P else -1
 
-Threshold (METHODS §3, revised): ``thr`` compares |THR| with tau = beta * min over correct responses of the mean
+Threshold (docs/methods.md §3): ``thr`` compares |THR| with tau = beta * min over correct responses of the mean
 THR score of that response's tokens (:func:`thr_threshold`, THR's own scale); ``nthr`` keeps Deng et al.'s
 unnormalised score and threshold (``ThrScores.tau``). The positive set P is the group's correct completions
 (``sharpgrpo.correctness``).
@@ -72,7 +72,7 @@ class ThrScores(NamedTuple):
             P is empty.
         tau: the unnormalised threshold ``beta * min_{i' in P} sequence_influence[i']`` (Deng et al. 2025, Eq. 8),
             used by ``nthr`` with its unnormalised score; NaN when no positive completion has a token. ``thr`` uses
-            :func:`thr_threshold` instead, on THR's own scale (METHODS §3, revised).
+            :func:`thr_threshold` instead, on THR's own scale (docs/methods.md §3).
         sequence_influence: (G,) float32, for i' in P the mean over its tokens m of
             ``sum_{i in P} sum_k alpha((i,k),(i',m)) <h[i,k], h[i',m]>`` (no 1/|y_i|, self-pairs included); NaN for
             completions outside P or without tokens.
@@ -113,7 +113,7 @@ def token_hidden_reward_scores(
     method: str = "auto",
     matmul_dtype: torch.dtype | None = None,
 ) -> ThrScores:
-    """THR scores of one group (THR Corollary 4.2; threshold Deng et al. 2025 Eq. 8; METHODS §3). No gradient.
+    """THR scores of one group (THR Corollary 4.2; threshold Deng et al. 2025 Eq. 8; docs/methods.md §3). No gradient.
 
     Shapes: hidden (G, T, H) any float dtype; completion_ids (G, T) long; mask (G, T) {0,1}; positive (G,) bool;
     unembedding_weight (V, H); unembedding_bias (V,) or None -> :class:`ThrScores` (scores (G, T) float32, tau,
@@ -133,10 +133,10 @@ def token_hidden_reward_scores(
             tiles have at most ``chunk_size`` rows, and ``auto`` uses the (nP, N) pairwise accumulator only while
             nP * N <= chunk_size * V. Peak extra memory is therefore a few times ``chunk_size * V * 4`` bytes, plus
             nP * N * 4 bytes for ``pairwise``. Results do not depend on it beyond fp32 rounding.
-        beta: threshold scale, tau = beta * min_{i' in P} sequence_influence[i'] (METHODS: beta = 1).
+        beta: threshold scale, tau = beta * min_{i' in P} sequence_influence[i'] (default beta = 1, docs/methods.md §3.3).
         length_normalized: True (THR Corollary 4.2): weight 1/|y_i| for the positive completion i; False: weight 1
             (the unnormalised influence sum of Deng et al. 2025, on the threshold's scale). The threshold itself is
-            always unnormalised, as METHODS writes it.
+            always unnormalised (Deng et al.'s NTHR threshold, docs/methods.md §3.5).
         compute_entropy: also return the entropy of the full distribution q at every token (same first pass).
         method: ``"fused"`` (thr_kernels.py: softmax fused into the vocabulary products; full vocabulary only),
             ``"factored"``, ``"pairwise"`` or ``"auto"`` (see the module docstring); all are exact.
@@ -271,7 +271,7 @@ def _pairwise_sums(h, weight, bias, temperature, lse, sub_ids, one_minus_q_y, ma
 
 
 def thr_threshold(scores: torch.Tensor, mask: torch.Tensor, positive: torch.Tensor, beta: float = 1.0) -> float:
-    """THR's threshold on THR's own scale (METHODS §3, revised; THR App. E.5, Deng et al. 2025 §5.2 with THR's
+    """THR's threshold on THR's own scale (docs/methods.md §3; THR App. E.5, Deng et al. 2025 §5.2 with THR's
     normalisation): tau = beta * min_{i' in P} (1/|y_i'|) sum_{m in i'} THR[i', m].
 
     Shapes: scores (G, T) THR scores of :func:`token_hidden_reward_scores` (length-normalised, self-pairs included;
@@ -316,7 +316,7 @@ def thr_token_advantages(
     entropies: torch.Tensor | None = None,
     entropy_quantile: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """THR Eq. 5 for one group: A[j,m] = 1[|THR[j,m]| > tau] * (1 + sign(THR[j,m]) * p) * A[j,m] (METHODS §3).
+    """THR Eq. 5 for one group: A[j,m] = 1[|THR[j,m]| > tau] * (1 + sign(THR[j,m]) * p) * A[j,m] (docs/methods.md §3).
 
     Shapes: scores (G, T); advantages (G,) or (G, T); mask (G, T); positive (G,) bool; entropies (G, T) or None
     -> (A (G, T), metrics).
@@ -372,7 +372,7 @@ def nthr_token_advantages(
     mask: torch.Tensor,
     positive: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """NTHR (Deng et al. 2025, METHODS §3) for one group: tokens of incorrect completions whose negative token hidden
+    """NTHR (Deng et al. 2025, docs/methods.md §3) for one group: tokens of incorrect completions whose negative token hidden
     reward exceeds tau are rescaled, A[j,m] := eta * A[j,m] with eta = 2 |0.5 - |P|/G|; all other tokens unchanged.
 
     Shapes: scores (G, T) THR scores as returned by :func:`token_hidden_reward_scores`; advantages (G,) or (G, T);
@@ -503,7 +503,7 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
         return self.entropy_quantile > 0
 
     def _threshold(self, result, mask, positive):
-        return thr_threshold(result.scores, mask, positive, self.beta)  # on THR's scale (METHODS §3, revised)
+        return thr_threshold(result.scores, mask, positive, self.beta)  # on THR's scale (docs/methods.md §3)
 
     def _reweight(self, result, tau, advantages, mask, positive):
         return thr_token_advantages(result.scores, tau, advantages, mask, positive, self.p,

@@ -1,4 +1,4 @@
-"""THR score kernel with the softmax fused into the vocabulary products (issue 13; METHODS §3 "Cost").
+"""THR score kernel with the softmax fused into the vocabulary products (docs/methods.md §3 "Cost").
 
 Same sums as the ``factored`` method of :mod:`sharpgrpo.strategies.thr` (notation there: ``d_a = e_{y_a} - q_a``,
 ``S_w = sum_{a in P} w_a d_a h_a^T`` (V, H), ``THR_b = d_b^T S_w h_b``), organised so that the normaliser of the

@@ -1,4 +1,4 @@
-"""Shared math evaluation sets: loaders, normalised golds, the METHODS §5 prompt, and agreement with math_reward."""
+"""Shared math evaluation sets: loaders, normalised golds, the docs/methods.md §5 prompt, and agreement with math_reward."""
 
 import json
 

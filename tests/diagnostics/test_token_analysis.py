@@ -100,7 +100,7 @@ def test_reverse_strategy_mirrors_the_weights(tiny_runs, tiny):
 def test_sampling_from_prompts_and_strategy_parameters(tiny, tmp_path):
     model, tokenizer = tiny
     prompts = list(demo_dataset(4)["prompt"])
-    with pytest.warns(UserWarning, match="constant"):  # the papers' printed tau: every weight is 1 (METHODS §1)
+    with pytest.warns(UserWarning, match="constant"):  # the papers' printed tau: every weight is 1 (docs/methods.md §1)
         flat = analyze_tokens(
             model, tokenizer, prompts, strategy="grpo_sg", num_samples=2, max_new_tokens=8, min_count=1, sg_tau=9.0
         )

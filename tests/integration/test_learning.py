@@ -1,4 +1,4 @@
-"""Every registered strategy, with its defaults, learns on the demo task (issue 10): for each of 3 seeds the mean
+"""Every registered strategy, with its defaults, learns on the demo task: for each of 3 seeds the mean
 reward of the last 10% of the demo's 200 steps is above that of the first 10%.
 
 27 demo runs (about 25 s each on an idle CPU core, several times that on a loaded one): marked slow AND opt-in,

@@ -252,7 +252,7 @@ def test_equal_strategy_any_kl_weighting_is_parent(tiny_model_path, tmp_path, kl
 
 
 def reference_loss(logps, inputs, weights, placement, kl_weighting, beta, eps_low, eps_high):
-    """float64 loops over tokens: METHODS §1 surrogate and KL, aggregated as TRL's `dapo` (sum / tokens)."""
+    """float64 loops over tokens: docs/methods.md §1 surrogate and KL, aggregated as TRL's `dapo` (sum / tokens)."""
     assert B * T < 100  # a loop reference: keep it small
     old, ref = inputs["old_per_token_logps"].double(), inputs["ref_per_token_logps"].double()
     mask, advantages = inputs["completion_mask"], inputs["advantages"].double()
@@ -303,7 +303,7 @@ def test_grpo_sg_loss_matches_float64_reference(tiny_model_path, tmp_path, place
 
 
 def test_ratio_placement_clips_heavy_positive_tokens_on_policy(tiny_model_path, tmp_path):
-    """METHODS §1: on-policy, w > 1 + eps_high with A > 0 lands in the clipped branch: no gradient at all."""
+    """docs/methods.md §1: on-policy, w > 1 + eps_high with A > 0 lands in the clipped branch: no gradient at all."""
     options = dict(strategies="grpo_sg", sg_lower=1.4, sg_upper=1.4, beta=0.0)  # w = 1.4 everywhere
     ratio = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "r", weight_placement="ratio",
                   **options)
@@ -377,7 +377,7 @@ class HostReads:
 @pytest.mark.parametrize("strategy", ["equal", "grpo_sg", "random"])
 def test_weight_strategy_adds_at_most_one_host_read_per_micro_batch(tiny_model_path, tmp_path, strategy,
                                                                     monkeypatch):
-    """Issue 13: the weight strategies read their metrics and the check of their output (finite, > 0) with one
+    """the weight strategies read their metrics and the check of their output (finite, > 0) with one
     synchronisation per micro-batch beyond TRL's own."""
     parent = build(GRPOTrainer, GRPOConfig, tiny_model_path, tmp_path / "parent", loss_type="dapo")
     sharp = build(SharpGRPOTrainer, SharpGRPOConfig, tiny_model_path, tmp_path / "sharp", loss_type="dapo",

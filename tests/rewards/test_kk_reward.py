@@ -1,4 +1,4 @@
-"""Logic-RL K&K reward (METHODS.md §5, GRPO-SG Table 5) and the lenient evaluation check."""
+"""Logic-RL K&K reward (docs/methods.md §5, GRPO-SG Table 5) and the lenient evaluation check."""
 
 import re
 import time

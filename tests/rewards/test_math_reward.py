@@ -1,4 +1,4 @@
-"""Binary math-verify reward (METHODS.md §5): gold shapes, box extraction, thread safety and timeouts."""
+"""Binary math-verify reward (docs/methods.md §5): gold shapes, box extraction, thread safety and timeouts."""
 
 import threading
 import time

@@ -1,4 +1,4 @@
-"""Search-R1 exact-match reward (METHODS.md §5, GRPO-SG Eq. 20): +1 / -1 on SQuAD-normalised answers."""
+"""Search-R1 exact-match reward (docs/methods.md §5, GRPO-SG Eq. 20): +1 / -1 on SQuAD-normalised answers."""
 
 import string
 import time

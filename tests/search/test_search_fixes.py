@@ -1,4 +1,4 @@
-"""Issue 12 audit: the search demo config passes train.py's pre-model checks, search_qa's backend choice, the eval's
+"""Audit: the search demo config passes train.py's pre-model checks, search_qa's backend choice, the eval's
 episode limits from the run, and episodes ending at any of TRL's EOS ids."""
 
 import json

@@ -1,4 +1,4 @@
-"""One notion of "correct" (METHODS §3 "Positive set"): the reward functions' answer checks, else the fallback."""
+"""One notion of "correct" (docs/methods.md §3 "Positive set"): the reward functions' answer checks, else the fallback."""
 
 from __future__ import annotations
 

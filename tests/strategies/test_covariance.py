@@ -1,4 +1,4 @@
-"""CW-GRPO covariance Gaussian-kernel weights (METHODS §2) against an explicit float64 loop reference."""
+"""CW-GRPO covariance Gaussian-kernel weights (docs/methods.md §2) against an explicit float64 loop reference."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ STAT_KEYS = {
 
 
 def reference_weights(logps, advantages, mask, scope_ids, sigma_eps=1e-8, advantage_mean="response"):
-    """METHODS §2 written out with python loops over scopes and tokens, in float64 python floats. mean(A): each
+    """docs/methods.md §2 written out with python loops over scopes and tokens, in float64 python floats. mean(A): each
     response once (its masked token mean; rows without a valid token skipped), or the masked token mean."""
     lp = logps.double().tolist()
     adv = advantages.double().tolist()
@@ -196,7 +196,7 @@ def test_token_means_are_length_weighted():
 
 
 def test_group_weights_do_not_depend_on_wrong_answer_lengths():
-    """Effect of METHODS §2 (revised): a group whose wrong answers are k times longer (the same per-token log-probs,
+    """Effect of docs/methods.md §2: a group whose wrong answers are k times longer (the same per-token log-probs,
     tiled) gives its correct answers the same weights with advantage_mean="response"; with "token" it does not."""
     pattern = torch.tensor([-0.05, -2.5, -0.4, -1.2], dtype=torch.float64)
     correct_rows, wrong_rows = 2, 2

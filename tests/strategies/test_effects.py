@@ -1,4 +1,4 @@
-"""Tests of what the methods do with their defaults (issue 10), not only of their arithmetic.
+"""Tests of what the methods do with their defaults, not only of their arithmetic.
 
 * every weight strategy, on-policy, gives a confident token (p = 0.9) of a positive-advantage completion a non-zero
   policy gradient of the expected sign (fails under the old default `weight_placement: ratio` for `grpo_sg`);

@@ -1,4 +1,4 @@
-"""Pass@k-mixed (METHODS §4) against an enumeration of all K-subsets of the group."""
+"""Pass@k-mixed (docs/methods.md §4) against an enumeration of all K-subsets of the group."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_strategy_applies_per_group():
 
 
 def test_strategy_counts_c_from_the_answer_check_not_the_rewards():
-    """METHODS §3/§4 (issue 10): c comes from ``batch.correct`` (the task's answer check). Here the rewards are
+    """docs/methods.md §3/§4: c comes from ``batch.correct`` (the task's answer check). Here the rewards are
     graded (a format term lifts two wrong answers above a right one), so c from rewards would be meaningless."""
     G, T = 8, 2
     rewards = torch.tensor([3.0, -0.5, 1.0, 1.0, -1.0, -1.0, -3.0, -3.0])  # K&K-like totals

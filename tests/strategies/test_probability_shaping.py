@@ -1,4 +1,4 @@
-"""GRPO-SG / TR-GRPO weights and the ablations against float64 loop references (METHODS §1)."""
+"""GRPO-SG / TR-GRPO weights and the ablations against float64 loop references (docs/methods.md §1)."""
 
 import math
 
@@ -40,7 +40,7 @@ def test_weights_match_loop_reference(seed, params):
 
 
 def test_weights_at_documented_points():
-    # METHODS §1: with tau = 1/9, w = 1 for p <= 0.122, 1.216 at p = 0.2, 1.374 at p = 0.3, 1.4 for p >= 0.327.
+    # docs/methods.md §1: with tau = 1/9, w = 1 for p <= 0.122, 1.216 at p = 0.2, 1.374 at p = 0.3, 1.4 for p >= 0.327.
     probs = torch.tensor([0.0, 0.12, 0.2, 0.3, 0.33, 1.0], dtype=torch.float64)
     weights = probability_shaping_weights(probs, **DEFAULTS)
     expected = torch.tensor([1.0, 1.0, 1.216, 1.374, 1.4, 1.4], dtype=torch.float64)

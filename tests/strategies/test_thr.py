@@ -1,4 +1,4 @@
-"""THR / NTHR (METHODS §3): scores against float64 references built from the definitions (materialised
+"""THR / NTHR (docs/methods.md §3): scores against float64 references built from the definitions (materialised
 distributions, explicit loops over token pairs), threshold and reweighting logic on hand-built groups, strategies."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def make_group(seed, G=4, T=7, positive=None, bias=True, logit_scale=1.0, full_r
 
 def reference_scores(hidden, ids, mask, positive, weight, bias, temperature, vocab="full", beta=1.0,
                      length_normalized=True):
-    """Direct float64 implementation of METHODS §3 with explicit loops over token pairs."""
+    """Direct float64 implementation of docs/methods.md §3 with explicit loops over token pairs."""
     h = hidden.double()
     logits = h @ weight.double().T
     if bias is not None:
@@ -357,7 +357,7 @@ def test_nthr_rescales_only_incorrect_tokens_above_threshold():
 
 @pytest.mark.parametrize("seed", [3, 4, 5])
 def test_thr_threshold_matches_float64_reference(seed):
-    # METHODS §3 (revised): tau = beta * min_{i' in P} (1/|y_i'|) sum_m THR[i', m], self-pairs included, computed here
+    # docs/methods.md §3: tau = beta * min_{i' in P} (1/|y_i'|) sum_m THR[i', m], self-pairs included, computed here
     # by explicit loops from the float64 reference scores.
     hidden, ids, mask, _, weight, bias = make_group(seed, G=5)  # random lengths: the 1/|y_i'| matters
     positive = torch.tensor([True, False, True, True, False])
