@@ -4,9 +4,9 @@
     accelerate launch --config_file configs/accelerate/zero3.yaml train.py --config configs/grpo_sg_kk_qwen2.5_3b.yaml
 
 The YAML is flat: every field of `TaskArguments` (below), of `sharpgrpo.SharpGRPOConfig` (all of TRL's
-`GRPOConfig` plus the strategies), of TRL's `ModelConfig` (model, dtype, LoRA) and of
-`sharpgrpo.search.SearchArguments` (retrieval server and multi-turn limits, README "Search"), plus an optional
-`env:` block of environment variables. Command-line flags override the YAML (TRL's `TrlParser`). Every value and
+`GRPOConfig` plus the strategies), of TRL's `ModelConfig` (model, dtype, LoRA) and of each registered setting's
+arguments (`sharpgrpo.settings`; e.g. the search setting's retrieval server and multi-turn limits, README
+"Search"), plus an optional `env:` block of environment variables. Command-line flags override the YAML (TRL's `TrlParser`). Every value and
 input is checked before a model loads; an error prints one line (`--debug` or `SHARPGRPO_DEBUG=1` for the full
 traceback).
 """
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from trl import ModelConfig
 
     from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-    from sharpgrpo.search.config import SearchArguments
 
 
 @dataclass
@@ -82,8 +81,10 @@ def main(
     task: TaskArguments,
     training_args: SharpGRPOConfig,
     model_args: ModelConfig,
-    search_args: SearchArguments | None = None,
+    *setting_args,
 ) -> SharpGRPOTrainer:
+    """Train with the parsed config; ``setting_args`` are the parsed arguments of the registered settings
+    (``sharpgrpo.settings.training_setting_arguments``), one of which may supply the rollout."""
     from sharpgrpo.lifecycle import CheckpointError, resolve_resume_checkpoint
     from sharpgrpo.output_dir import guard_output_dir
     from sharpgrpo.run_output import check_process_count
@@ -97,18 +98,10 @@ def main(
         raise SystemExit(f"error: {error}") from None
     resuming = training_args.resume_from_checkpoint is not None
     with guard_output_dir(training_args.output_dir, resuming=resuming, overwrite=task.overwrite_output_dir):
-        if search_args is not None and search_args.enabled:  # agentic search (README, Search): a retrieval server
-            from accelerate import PartialState
+        from sharpgrpo.settings import training_rollout
 
-            from sharpgrpo.search.config import save_search_args
-            from sharpgrpo.search.session import retrieval_session, search_rollout
-
-            if PartialState().is_main_process:  # the run's episode limits, for sharpgrpo.eval --task search_qa
-                save_search_args(search_args, training_args.output_dir)
-            process = PartialState().local_process_index
-            with retrieval_session(search_args, training_args.output_dir, process) as client:
-                return _main(task, training_args, model_args, rollout_func=search_rollout(search_args, client))
-        return _main(task, training_args, model_args)
+        with training_rollout(setting_args, training_args.output_dir) as rollout_func:
+            return _main(task, training_args, model_args, rollout_func=rollout_func)
 
 
 def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
@@ -232,9 +225,9 @@ def cli(args: list[str] | None = None) -> None:
 
         from sharpgrpo import SharpGRPOConfig
         from sharpgrpo.config_parser import ConfigParser
-        from sharpgrpo.search.config import SearchArguments
+        from sharpgrpo.settings import training_setting_arguments
 
-        parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
+        parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
         main(*parser.parse_args_and_config(args))
 
 

@@ -91,3 +91,36 @@ class EchoTask(QATask):
         EVAL_TASKS._entries.pop("echo", None)
         settings._imported.discard("echo_setting")
         sys.modules.pop("echo_setting", None)
+
+
+def test_training_hooks_come_from_the_settings(tmp_path):
+    """train.py parses each registered setting's arguments and takes the rollout from the one that is on."""
+    import contextlib
+    from dataclasses import dataclass
+
+    from sharpgrpo.search.config import SearchArguments
+    from sharpgrpo.settings import _TRAINING, register_training_setting, training_rollout, training_setting_arguments
+
+    assert SearchArguments in training_setting_arguments()
+    with training_rollout([SearchArguments()], str(tmp_path)) as rollout:  # no retrieval server: search is off
+        assert rollout is None
+
+    @dataclass
+    class ToyArguments:
+        toy_turns: int = 0
+
+    entered = []
+
+    @contextlib.contextmanager
+    def toy_rollout(args, output_dir):
+        entered.append((args.toy_turns, output_dir))
+        yield (lambda prompts, trainer: {"turns": args.toy_turns}) if args.toy_turns else None
+
+    register_training_setting(ToyArguments, toy_rollout)
+    try:
+        assert training_setting_arguments()[-1] is ToyArguments
+        with training_rollout([SearchArguments(), ToyArguments(toy_turns=2)], str(tmp_path)) as rollout:
+            assert rollout(None, None) == {"turns": 2}
+        assert entered == [(2, str(tmp_path))]
+    finally:
+        _TRAINING.pop()
