@@ -2,7 +2,8 @@
 
 Registered names (docs/methods.md §5): ``kk`` (Logic-RL Knights & Knaves reward), ``math`` (binary math-verify reward),
 ``qa_em`` (Search-R1 exact match), ``think_format`` (CW-GRPO's ``<think>`` format reward), ``search_format``
-(Search-R1's multi-turn think/search/answer format). ``get_reward_function``
+(Search-R1's multi-turn think/search/answer format), ``addition`` (the last number of
+the reply equals a + b). ``get_reward_function``
 also imports a dotted path (``my_package.my_module.my_reward``) so users can plug their own. Every function accepts
 string or chat-message completions, reads its gold column from the keyword arguments TRL passes, and never raises on
 model output. This package does not import torch.
@@ -51,6 +52,7 @@ def get_reward_function(name_or_path: str):
 
 
 # Importing the submodules registers their functions (they need register_reward, defined above).
+from reward_fns.addition import addition_correct, addition_reward  # noqa: E402
 from reward_fns.format import search_format_reward, think_format_reward  # noqa: E402
 from reward_fns.kk import kk_correct, kk_reward  # noqa: E402
 from reward_fns.math import math_correct, math_reward  # noqa: E402
@@ -58,6 +60,8 @@ from reward_fns.qa import qa_em_reward  # noqa: E402
 
 __all__ = [
     "REWARD_FUNCTIONS",
+    "addition_correct",
+    "addition_reward",
     "answer_check",
     "reward_columns",
     "get_reward_function",

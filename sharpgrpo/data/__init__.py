@@ -3,7 +3,8 @@
 ``load_train_dataset(name_or_path, **kwargs)`` is the single entry point configs use:
 
 * a registered name (``DATASETS.names()``): ``kk`` (generated Knights & Knaves puzzles), ``kk_shared`` (the shared K&K
-  evaluation files), ``math_eval`` (the shared math evaluation sets); kwargs go to the registered builder;
+  evaluation files), ``math_eval`` (the shared math evaluation sets), ``addition`` (single-digit sums for a chat
+  model); kwargs go to the registered builder;
 * otherwise a local ``.jsonl``/``.json``/``.parquet`` file or folder, or a Hugging Face Hub id (DeepScaleR, ORZ,
   open-rs, NQ/HotpotQA, ...), read with ``datasets.load_dataset`` and shaped by ``column_mapping``/``prompt_template``
   (see :func:`sharpgrpo.data.loading.load_dataset_source`).
@@ -37,5 +38,6 @@ def load_train_dataset(name_or_path: str, **kwargs):
 
 
 # Importing the submodules registers their datasets.
+import sharpgrpo.data.addition  # noqa: E402,F401
 import sharpgrpo.data.kk  # noqa: E402,F401
 import sharpgrpo.data.math  # noqa: E402,F401

@@ -62,7 +62,7 @@ class EvalConfig:
     model: str = field(
         metadata={"help": "`sharpgrpo-tiny`, a local model directory, a LoRA adapter directory, or a hub id."}
     )
-    task: str = field(metadata={"help": "kk, math or qa."})
+    task: str = field(metadata={"help": "kk, math, qa, search_qa or addition."})
     output: str = field(
         metadata={"help": "Result JSON path; the markdown table (.md) and the samples (.samples.jsonl) go beside it."}
     )

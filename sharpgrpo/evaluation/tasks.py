@@ -1,12 +1,14 @@
-"""The three evaluation settings of the papers (docs/methods.md §5): what problems, how a completion is judged, and how
-results are aggregated into the papers' tables.
+"""The evaluation settings of the papers (docs/methods.md §5) and of the real-model demo: what problems, how a
+completion is judged, and how results are aggregated into the papers' tables.
 
 * ``kk``: Knights & Knaves accuracy per number of people (2-8) and overall, greedy, judged by the lenient
   ``reward_fns.kk.kk_correct`` (GRPO-SG Table 3);
 * ``math``: greedy accuracy on OlympiadBench, Minerva and MATH-500; avg@n and pass@k (k = 1, 2, 4, ..., n) on AMC and
   AIME 2024 from n samples (GRPO-SG Table 1 reports avg@16 and AIME pass@16), judged by ``reward_fns.math.math_reward``;
 * ``qa``: exact match per data set, judged by ``reward_fns.qa.qa_em_reward`` (GRPO-SG Table 2). This evaluator has no
-  retrieval engine: a QA prompt is answered closed-book.
+  retrieval engine: a QA prompt is answered closed-book;
+* ``addition``: single-digit sums through a chat template (the real-model demo's task), greedy, judged by
+  ``reward_fns.addition.addition_correct``.
 """
 
 from __future__ import annotations
@@ -511,4 +513,61 @@ class QATask(EvalTask):
             "QA exact match (%), greedy, closed-book (no retriever).\n\n"
             + markdown_table(headers, [row])
             + f"\nQuestions per data set: {counts}.\n"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Addition
+# ----------------------------------------------------------------------------------------------------------------
+@EVAL_TASKS.register("addition")
+class AdditionTask(EvalTask):
+    """Single-digit addition through the chat template (``sharpgrpo.data.addition``): every pair a, b in 0..9 once,
+    as one user message, greedy, judged by ``reward_fns.addition.addition_correct``. Grouped by whether the sum
+    carries (a + b >= 10). ``data`` is not used."""
+
+    name = "addition"
+    GROUPS = ("no carry", "carry")
+
+    def load_problems(self, config) -> list[Problem]:
+        from sharpgrpo.data.addition import addition_question
+
+        if config.data:
+            raise ValueError("The addition task asks every pair a, b in 0..9; it takes no --data.")
+        problems = [
+            Problem(
+                id=f"{a}+{b}",
+                group=self.GROUPS[a + b >= 10],
+                prompt=[{"role": "user", "content": addition_question(a, b)}],
+                reference={"answer": a + b},
+            )
+            for a in range(10)
+            for b in range(10)
+        ]
+        return _limit(problems, config.limit)
+
+    def score(self, problems, completions):
+        from reward_fns.addition import addition_correct
+
+        return [
+            [bool(v) for v in addition_correct(None, list(texts), [problem.reference["answer"]] * len(texts))]
+            for problem, texts in zip(problems, completions, strict=True)
+        ]
+
+    def summarize(self, records):
+        groups = records_by_group(records)
+        by_group = {name: group_metrics(groups[name]) for name in self.GROUPS if name in groups}
+        total = sum(m["problems"] for m in by_group.values())
+        correct = sum(m["accuracy"] * m["problems"] for m in by_group.values())
+        return {"by_group": by_group, "overall": {"accuracy": correct / total if total else None, "problems": total}}
+
+    def markdown(self, summary, label):
+        names = list(summary["by_group"])
+        headers = ["Model"] + names + ["Overall"]
+        row = [label] + [percent(summary["by_group"][n]["accuracy"]) for n in names]
+        row.append(percent(summary["overall"]["accuracy"]))
+        counts = ", ".join(f"{n}: {summary['by_group'][n]['problems']}" for n in names)
+        return (
+            "Addition accuracy (%), greedy, last number of the reply = a + b.\n\n"
+            + markdown_table(headers, [row])
+            + f"\nQuestions per group: {counts}.\n"
         )
