@@ -229,8 +229,7 @@ def write_complete_marker(trainer, checkpoint: str) -> None:
     """Mark ``checkpoint`` complete once every process has written its files (called on every process)."""
     trainer.accelerator.wait_for_everyone()
     if trainer.is_world_process_zero():
-        with open(os.path.join(checkpoint, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
-            handle.write(trainer.args.to_json_string())
+        write_training_args(trainer.args, checkpoint)
         marker = os.path.join(checkpoint, COMPLETE_MARKER)
         with open(marker, "w", encoding="utf-8") as handle:
             handle.write(f"step {trainer.state.global_step}\n")
@@ -267,8 +266,7 @@ class LifecycleCallback(TrainerCallback):
                 self._previous_handlers[sig] = signal.signal(sig, self._handle)
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
-            with open(os.path.join(args.output_dir, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
-                json.dump(_json_safe(args.to_dict()), handle, indent=2, sort_keys=True, default=str)
+            write_training_args(args, args.output_dir)
 
     def on_train_end(self, args, state, control, **kwargs):
         for sig, handler in self._previous_handlers.items():
@@ -379,6 +377,12 @@ def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:
     return next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, LifecycleCallback)), None)
+
+
+def write_training_args(args, folder: str) -> None:
+    """``folder/training_args.json``: the run's arguments as JSON (any mapping key written as a string)."""
+    with open(os.path.join(folder, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
+        json.dump(_json_safe(args.to_dict()), handle, indent=2, sort_keys=True, default=str)
 
 
 def _json_safe(value):

@@ -111,6 +111,7 @@ def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
     import time
 
     import train
+    from sharpgrpo.lifecycle import COMPLETE_MARKER, TrainingStopped
     from sharpgrpo.search.client import RetrievalClient, RetrievalError
     from sharpgrpo.search.server import RetrievalServerProcess
     from sharpgrpo.search.session import search_rollout
@@ -130,8 +131,12 @@ def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
             return rollout(prompts, trainer)
 
         start = time.monotonic()
-        with pytest.raises(RetrievalError, match=f"{url}/retrieve failed 2 time"):
+        # The run stops with the retrieval error named, after saving what training had (the crash-save rule).
+        expected = f"RetrievalError: Retrieval server {url}/retrieve failed 2 time"
+        with pytest.raises(TrainingStopped, match=expected) as info:
             train._main(task, args, model_args, rollout_func=dying_rollout)
+        assert isinstance(info.value.__cause__, RetrievalError)
         assert time.monotonic() - start < 60 and len(calls) >= 2
+        assert "is saved in" in str(info.value) and (Path(args.output_dir) / "checkpoint-1" / COMPLETE_MARKER).is_file()
     finally:
         server.stop()
