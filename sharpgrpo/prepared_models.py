@@ -17,33 +17,31 @@ from pathlib import Path
 from sharpgrpo.registry import Registry
 from sharpgrpo.settings import load_settings
 
-# Settings (sharpgrpo.settings) register their prepared models on the first lookup.
-PREPARED_MODELS: Registry[Callable[[Path], Path]] = Registry("prepared model", load=load_settings)
-register_prepared_model = PREPARED_MODELS.register
-
-# Modules whose import registers prepared models; imported on the first lookup, so that resolving a hub id or a
-# local path imports none of them.
+# Modules whose import registers prepared models; with the settings' (sharpgrpo.settings), imported by the registry on
+# its first lookup.
 BUILTIN_MODEL_MODULES = ("sharpgrpo.tiny", "sharpgrpo.smol")
+
+
+def _register_prepared_models() -> None:
+    for module in BUILTIN_MODEL_MODULES:
+        importlib.import_module(module)
+    load_settings()
+
+
+PREPARED_MODELS: Registry[Callable[[Path], Path]] = Registry("prepared model", load=_register_prepared_models)
+register_prepared_model = PREPARED_MODELS.register
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("SHARPGRPO_CACHE", Path.home() / ".cache" / "sharpgrpo"))
 
 
-def _import_builtin_models() -> None:
-    for module in BUILTIN_MODEL_MODULES:
-        importlib.import_module(module)
-
-
 def prepared_model_names() -> list[str]:
-    _import_builtin_models()
     return PREPARED_MODELS.names()
 
 
 def resolve_model_name(name_or_path: str) -> str:
     """A prepared model's name -> its built local directory (built on first use); anything else unchanged."""
-    if name_or_path.startswith("sharpgrpo-"):
-        _import_builtin_models()
     if name_or_path not in PREPARED_MODELS:
         return name_or_path
     return str(PREPARED_MODELS.get(name_or_path)(default_cache_dir()))
