@@ -3,7 +3,8 @@ gathered from every process, and the strategies run in the configured order.
 
 TRL computes rewards and generates inside its own ``_generate_and_score_completions``; the trainer's overrides of
 those inner steps record what the strategies need in one ``GenerationRecord`` per generation batch, which
-``SharpGRPOTrainer._apply_advantage_strategies`` reads once.
+``SharpGRPOTrainer._apply_advantage_strategies`` reads once: it tags the groups (``tag_groups``), gathers the whole
+groups into one ``GenerationBatch`` (``gathered_batch``) and runs the strategies (``run_advantage_strategies``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.correctness import correct_completions
 from sharpgrpo.strategies import AdvantageStrategy, GenerationBatch
 
 
@@ -66,3 +68,62 @@ def run_advantage_strategies(
         if on_token_scores is not None and scores is not None:
             on_token_scores(scores, token_advantages)
     return token_advantages
+
+
+def tag_groups(output: dict[str, Any], process_index: int, num_processes: int, num_generations: int,
+               generation_index: int) -> dict[str, Any]:
+    """``output`` plus ``group_ids`` (unique over the run) and ``group_index`` (position in the group) per row.
+
+    TRL orders the generation batch globally by process, then by local row, and normalises rewards over consecutive
+    blocks of ``num_generations`` rows: that block is the group. The tags survive TRL's shuffling and splitting."""
+    local_rows = output["completion_ids"].size(0)
+    global_rows = torch.arange(local_rows, device=output["completion_ids"].device) + process_index * local_rows
+    groups_per_batch = local_rows * num_processes // num_generations
+    return {
+        **output,
+        "group_ids": global_rows // num_generations + generation_index * groups_per_batch,
+        "group_index": global_rows % num_generations,
+    }
+
+
+def split_folded(strategies: list[AdvantageStrategy], trl_computes_old_logps: bool):
+    """``(strategies run at generation, the one folded into the loss or None)``: the last strategy is applied in the
+    loss instead when it ``folds_into_loss`` and training is on-policy (TRL computes no old log-probabilities)."""
+    last = strategies[-1] if strategies else None
+    if last is not None and last.folds_into_loss and not trl_computes_old_logps:
+        return strategies[:-1], last
+    return list(strategies), None
+
+
+def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord, reward_weights: torch.Tensor, *,
+                   old_logps: torch.Tensor | None, hidden_states: torch.Tensor | None, unembedding: tuple,
+                   num_generations: int, temperature: float, needs_correctness: bool) -> GenerationBatch:
+    """The whole groups of every process as one ``GenerationBatch`` (rows in global order). Tool results and
+    retrieved text (``tool_mask``) are masked out of every strategy statistic; ``correct`` comes from the answer
+    checks' verdicts (`sharpgrpo.correctness`) when a strategy needs it."""
+    def gather(tensor):
+        return gather_rows(accelerator, tensor)
+
+    mask = output["completion_mask"]
+    if output.get("tool_mask") is not None:
+        mask = mask * output["tool_mask"]
+    mask, group_ids, advantages = gather(mask), gather(output["group_ids"]), gather(output["advantages"])
+    rewards = total_rewards(record.rewards_per_func, reward_weights).to(mask.device)
+    correct = None
+    if needs_correctness:
+        verdicts = None if record.answer_verdicts is None else gather(record.answer_verdicts.to(mask.device))
+        correct = correct_completions(verdicts, rewards, advantages.float(), group_ids)
+    return GenerationBatch(
+        old_logps=None if old_logps is None else gather(old_logps.float()),
+        completion_mask=mask,
+        completion_ids=gather(output["completion_ids"]),
+        advantages=advantages.float().unsqueeze(1).expand_as(mask).clone(),
+        rewards=rewards.float(),
+        group_ids=group_ids,
+        num_generations=num_generations,
+        hidden_states=None if hidden_states is None else gather(hidden_states),
+        unembedding_weight=unembedding[0],
+        unembedding_bias=unembedding[1],
+        temperature=temperature,
+        correct=correct,
+    )

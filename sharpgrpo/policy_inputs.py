@@ -4,13 +4,14 @@ the last hidden states at the positions that predict each completion token, and 
 Each is taken from the cheapest source available, in this order: TRL's own ``old_per_token_logps``; the values
 read from transformers' decoding steps (`sharpgrpo.generation_capture`); vLLM's sampling log-probabilities; the
 hidden states THR already computed (through the unembedding); a no-grad forward. Functions of the model and the
-batch only: no trainer state.
+batch only: no trainer state; ``Policy`` bundles what the trainer knows about its model for them.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -96,3 +97,39 @@ def strategy_old_logps(
             return logps_from_hidden_states(hidden_states, output["completion_ids"], weight, bias, temperature,
                                             rows_per_chunk)
     return forward_logps(output)
+
+
+@dataclass
+class Policy:
+    """The policy as the advantage strategies read it.
+
+    Attributes:
+        lm: the bare causal LM (``causal_lm``).
+        zero3: parameters are partitioned by DeepSpeed ZeRO-3 (the LM head is gathered to be read).
+        temperature: the sampling temperature (log-probabilities are of the temperature-scaled distribution).
+        rows_per_chunk: rows per no-grad forward.
+        forward_logps: ``output -> (B, T)`` the trainer's own log-probability forward, the last fallback.
+    """
+
+    lm: Any
+    zero3: bool
+    temperature: float
+    rows_per_chunk: int
+    forward_logps: Callable[[dict[str, Any]], torch.Tensor]
+
+    def unembedding(self, needed: bool = True):
+        return full_unembedding(self.lm, self.zero3, needed)
+
+    def strategy_inputs(self, output: dict[str, Any], captured: dict[str, torch.Tensor], needs_hidden_states: bool,
+                        needs_old_logps: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(old log-probabilities, last hidden states)`` of the local rows, each None unless needed, from the
+        cheapest source (module docstring)."""
+        hidden_states = None
+        if needs_hidden_states:
+            hidden_states = captured["hidden"] if "hidden" in captured else completion_hidden_states(
+                self.lm, output, self.rows_per_chunk)
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is None and needs_old_logps:  # TRL skips them on-policy
+            old_logps = strategy_old_logps(output, captured, hidden_states, self.unembedding, self.forward_logps,
+                                           self.temperature, self.rows_per_chunk)
+        return old_logps, hidden_states

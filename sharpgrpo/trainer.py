@@ -27,9 +27,15 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from sharpgrpo.advantage_pipeline import GenerationRecord, gather_rows, run_advantage_strategies, total_rewards
+from sharpgrpo.advantage_pipeline import (
+    GenerationRecord,
+    gathered_batch,
+    run_advantage_strategies,
+    split_folded,
+    tag_groups,
+)
 from sharpgrpo.config import SharpGRPOConfig
-from sharpgrpo.correctness import answer_verdicts, correct_completions
+from sharpgrpo.correctness import answer_verdicts
 from sharpgrpo.diagnostics.score_dump import dump_token_scores
 from sharpgrpo.diagnostics.sharpness import SharpnessProbe
 from sharpgrpo.entropy_bonus import entropy_bonus
@@ -45,17 +51,11 @@ from sharpgrpo.losses import (
     weighted_policy_surrogate,
 )
 from sharpgrpo.model_card import strategy_card_section, trl_paper, write_model_card
-from sharpgrpo.policy_inputs import (
-    causal_lm,
-    completion_hidden_states,
-    full_unembedding,
-    prompt_completion,
-    strategy_old_logps,
-)
-from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, GenerationBatch, TokenWeightStrategy
+from sharpgrpo.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
 from sharpgrpo.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.validation import StrategyOutputChecker, checked_reward_functions
-from sharpgrpo.vllm_seeding import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
+from sharpgrpo.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 
 # Model inputs besides ids and mask that TRL's forward passes on (multimodal models).
 FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -92,8 +92,11 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
         self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
         if self.use_vllm and self.vllm_mode == "colocate":
-            self._seed_colocated_vllm()
+            seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)
+        # The last advantage strategy may act inside the loss instead of at generation (AR, on-policy).
+        self._generation_strategies, self._folded = split_folded(self.advantage_strategies,
+                                                                 self._trl_computes_old_logps())
 
     @property
     def _rollout_inputs(self) -> list[dict[str, Any]] | None:
@@ -111,22 +114,6 @@ class SharpGRPOTrainer(GRPOTrainer):
         self.last_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)  # checked by LifecycleCallback
         return self.last_grad_norm
 
-    # vLLM sampling seeds (`sharpgrpo.vllm_seeding`: TRL's defaults ignore the training seed)
-    def _seed_colocated_vllm(self) -> None:
-        """Reseed this process's random streams from ``seed`` after TRL started the colocated vLLM engine, which
-        samples requests without a seed from the global streams it reseeded with the process index only."""
-        from accelerate.utils import set_seed
-
-        args = self.args
-        set_seed(colocated_vllm_seed(args.seed, self.accelerator.process_index, args.vllm_tensor_parallel_size))
-
-    def _server_generation_kwargs(self) -> dict[str, Any]:
-        """The user's vLLM ``generation_kwargs`` plus, unless given, a ``seed`` per generation batch and training
-        seed (the server samples a prompt's G completions as one request, seeded seed + i by vLLM)."""
-        kwargs = dict(self.args.generation_kwargs or {})
-        kwargs.setdefault("seed", server_request_seed(self.args.seed, self._generation_count))
-        return kwargs
-
     # ------------------------------------------------------------------------------------------------------------
     # Generation: group tags and advantage strategies
     # ------------------------------------------------------------------------------------------------------------
@@ -143,25 +130,16 @@ class SharpGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        if self.use_vllm and self.vllm_mode == "server":
-            self.vllm_generation.generation_kwargs = self._server_generation_kwargs()
+        if self.use_vllm and self.vllm_mode == "server":  # a seed per request (`sharpgrpo.vllm_seeding`)
+            self.vllm_generation.generation_kwargs = server_generation_kwargs(self.args, self._generation_count)
         self._generation = GenerationRecord(inputs=inputs)
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        local_rows = output["completion_ids"].size(0)
-        # TRL orders the generation batch globally by process, then by local row, and normalises rewards over
-        # consecutive blocks of `num_generations` rows: that block is the group.
-        global_rows = torch.arange(local_rows, device=output["completion_ids"].device)
-        global_rows = global_rows + self.accelerator.process_index * local_rows
-        groups_per_batch = local_rows * self.accelerator.num_processes // num_generations
-        output = {
-            **output,
-            "group_ids": global_rows // num_generations + self._generation_count * groups_per_batch,
-            "group_index": global_rows % num_generations,
-        }
+        output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
+                            self._generation_count)
         self._generation_count += 1
-        if self._generation_strategies():
+        if self._generation_strategies:
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
         return output
 
@@ -172,22 +150,10 @@ class SharpGRPOTrainer(GRPOTrainer):
             self.use_vllm and self.vllm_importance_sampling_correction
         )
 
-    def _folded_strategy(self) -> AdvantageStrategy | None:
-        """The last advantage strategy when it is applied in the loss instead of at generation
-        (``AdvantageStrategy.folds_into_loss``: on-policy, TRL computes no old log-probabilities)."""
-        last = self.advantage_strategies[-1] if self.advantage_strategies else None
-        if last is not None and last.folds_into_loss and not self._trl_computes_old_logps():
-            return last
-        return None
-
-    def _generation_strategies(self) -> list[AdvantageStrategy]:
-        folded = self._folded_strategy()
-        return [s for s in self.advantage_strategies if s is not folded]
-
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation, with the sampling log-probabilities and last hidden states read from transformers'
         ``generate`` when a strategy needs them (`sharpgrpo.generation_capture`; no second forward)."""
-        strategies = self._generation_strategies()
+        strategies = self._generation_strategies
         logps = any(s.needs_old_logps for s in strategies) and not self._trl_computes_old_logps()
         hidden = any(s.needs_hidden_states for s in strategies)
         generate = partial(super()._generate_single_turn, prompt_ids, images, multimodal_fields, num_generations,
@@ -196,30 +162,24 @@ class SharpGRPOTrainer(GRPOTrainer):
             self.use_transformers_continuous_batching
         ):
             return generate()
-        with GenerationCapture(self._causal_lm(), self.temperature, logps=logps, hidden=hidden) as capture:
+        with GenerationCapture(causal_lm(self.accelerator, self.model), self.temperature, logps=logps, hidden=hidden) as capture:
             completion_ids, logprobs = generate()
         self._generation.captured = capture.result(completion_ids)
         return completion_ids, logprobs
 
-    def _causal_lm(self):
-        return causal_lm(self.accelerator, self.model)
-
-    def _full_unembedding(self, needed: bool = True):
+    def _policy(self) -> Policy:
+        """The policy as the advantage strategies read it (`sharpgrpo.policy_inputs`)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
-        return full_unembedding(self._causal_lm(), zero3, needed)
-
-    def _completion_hidden_states(self, output: dict[str, Any]) -> torch.Tensor:
-        return completion_hidden_states(self._causal_lm(), output, self.args.per_device_train_batch_size)
+        return Policy(causal_lm(self.accelerator, self.model), zero3, self.temperature,
+                      self.args.per_device_train_batch_size, self._sampling_logps)
 
     def _sampling_logps(self, output: dict[str, Any]) -> torch.Tensor:
         """Log-probabilities of the completion under the current (= sampling) policy; TRL skips them on-policy."""
         input_ids, attention_mask = prompt_completion(output)
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids, attention_mask, output["completion_ids"].size(1),
-            batch_size=self.args.per_device_train_batch_size,
-        )
-        return logps
+        return self._get_per_token_logps_and_entropies(self.model, input_ids, attention_mask,
+                                                       output["completion_ids"].size(1),
+                                                       batch_size=self.args.per_device_train_batch_size)[0]
 
     @torch.no_grad()
     def _apply_advantage_strategies(self, output: dict[str, Any], num_generations: int, mode: str) -> torch.Tensor:
@@ -228,49 +188,22 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies do not support multimodal inputs.")
         if output["advantages"].dim() != 1:
             raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
-        record = self._generation
+        record, strategies, policy = self._generation, self._generation_strategies, self._policy()
         captured, record.captured = record.captured, {}  # this batch's decoding-step values are read once
-        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        local_rows, local_length = completion_ids.shape
-        strategies, rows = self._generation_strategies(), self.args.per_device_train_batch_size
+        local_rows, local_length = output["completion_ids"].shape
         captured = {k: fit_width(v, local_length) for k, v in captured.items() if v.shape[0] == local_rows}
-        hidden_states = None
-        if any(s.needs_hidden_states for s in strategies):
-            hidden_states = captured["hidden"] if "hidden" in captured else self._completion_hidden_states(output)
-        old_logps = output.get("old_per_token_logps")
-        if old_logps is None and any(s.needs_old_logps for s in strategies):  # TRL skips them on-policy
-            old_logps = strategy_old_logps(output, captured, hidden_states, self._full_unembedding,
-                                           self._sampling_logps, self.temperature, rows)
-        gather = partial(gather_rows, self.accelerator)
-        rewards = total_rewards(record.rewards_per_func, self.reward_weights)
-        advantages = gather(output["advantages"])
-        if output.get("tool_mask") is not None:  # tool results / retrieved text (env_mask): no strategy statistic
-            completion_mask = completion_mask * output["tool_mask"]
-        mask, group_ids = gather(completion_mask), gather(output["group_ids"])
-        rewards = rewards.to(mask.device)
-        correct = None
-        if any(s.needs_correctness for s in self.advantage_strategies):
-            verdicts = None if record.answer_verdicts is None else gather(record.answer_verdicts.to(mask.device))
-            correct = correct_completions(verdicts, rewards, advantages.float(), group_ids)
-        with self._full_unembedding(hidden_states is not None) as (weight, bias):
-            batch = GenerationBatch(
-                old_logps=None if old_logps is None else gather(old_logps.float()),
-                completion_mask=mask,
-                completion_ids=gather(completion_ids),
-                advantages=advantages.float().unsqueeze(1).expand_as(mask).clone(),
-                rewards=rewards.float(),
-                group_ids=group_ids,
-                num_generations=num_generations,
-                hidden_states=None if hidden_states is None else gather(hidden_states),
-                unembedding_weight=weight,
-                unembedding_bias=bias,
-                temperature=self.temperature,
-                correct=correct,
-            )
+        old_logps, hidden_states = policy.strategy_inputs(
+            output, captured, any(s.needs_hidden_states for s in strategies), any(s.needs_old_logps for s in strategies))
+        needs_correctness = any(s.needs_correctness for s in self.advantage_strategies)
+        with policy.unembedding(hidden_states is not None) as unembedding:
+            batch = gathered_batch(self.accelerator, output, record, self.reward_weights, old_logps=old_logps,
+                                   hidden_states=hidden_states, unembedding=unembedding,
+                                   num_generations=num_generations, temperature=self.temperature,
+                                   needs_correctness=needs_correctness)
             dump = None
-            if self.args.thr_debug_dump and self.accelerator.is_main_process:
-                folder = os.path.join(self.args.output_dir, "thr_scores")
-                dump = partial(dump_token_scores, folder, self._generation_count, self.state.global_step, batch,
+            if self.args.thr_debug_dump and self.accelerator.is_main_process:  # per-token scores, for inspection
+                dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "thr_scores"),
+                               self._generation_count, self.state.global_step, batch,
                                decode=self.processing_class.decode)
             token_advantages = run_advantage_strategies(strategies, batch, self._strategy_output_checker,
                                                         self._metrics[mode], dump)
@@ -306,7 +239,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
-        folded = self._folded_strategy()
+        folded = self._folded
         if folded is not None:  # e.g. AR-Lopti: p_old = the loss's own detached probabilities (on-policy)
             loss_factor = folded.loss_factor(per_token_logps.detach())
             advantages = loss_factor * advantages

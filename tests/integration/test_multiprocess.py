@@ -40,7 +40,13 @@ from _launch_worker import COMPARED_PREFIXES, build_config, run_case
 
 from sharpgrpo import SharpGRPOTrainer
 from sharpgrpo.demo import allowed_letters_reward, demo_dataset
-from sharpgrpo.vllm_seeding import colocated_vllm_seed, refuse_vllm_request_seed, server_request_seed
+from sharpgrpo.vllm_seeding import (
+    colocated_vllm_seed,
+    refuse_vllm_request_seed,
+    seed_colocated_vllm,
+    server_generation_kwargs,
+    server_request_seed,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_launch_worker.py")
@@ -210,7 +216,7 @@ def test_resume_with_two_processes(two_process_runs):
 def test_deepspeed_zero_matches_one_process(tiny_model_path, tmp_path, one_process_runs, stage):
     """DeepSpeed ZeRO-2/3 on the CPU (``DS_BUILD_OPS=0 pip install deepspeed``; the first run compiles DeepSpeed's
     CPU communication op, about a minute): same comparison as above for CW-GRPO and THR. Under ZeRO-3 the LM head is
-    partitioned, so THR's unembedding must be gathered (SharpGRPOTrainer._full_unembedding)."""
+    partitioned, so THR's unembedding must be gathered (sharpgrpo.policy_inputs.full_unembedding)."""
     pytest.importorskip("deepspeed")
     names = ["cw_grpo", "thr"]
     cases = [dict(CASES[n], per_device_train_batch_size=PER_DEVICE, max_steps=STEPS) for n in names]
@@ -256,7 +262,7 @@ def test_colocated_sampling_reseeded_from_training_seed(tiny_model_path, tmp_pat
     for seed in (0, 1, 1):
         trainer = make_trainer(tiny_model_path, tmp_path / str(seed), seed=seed)
         torch.manual_seed(0)  # what vLLM's start-up does in colocate mode, whatever the training seed
-        trainer._seed_colocated_vllm()
+        seed_colocated_vllm(trainer.args, trainer.accelerator.process_index)
         draws.setdefault(seed, []).append(torch.rand(8))
     assert not torch.equal(draws[0][0], draws[1][0])
     assert torch.equal(draws[1][0], draws[1][1])
@@ -264,12 +270,12 @@ def test_colocated_sampling_reseeded_from_training_seed(tiny_model_path, tmp_pat
 
 def test_server_requests_get_a_seed_per_generation(tiny_model_path, tmp_path):
     trainer = make_trainer(tiny_model_path, tmp_path / "a", seed=0, generation_kwargs={"top_k": 5})
-    first = trainer._server_generation_kwargs()
+    first = server_generation_kwargs(trainer.args, trainer._generation_count)
     assert first == {"top_k": 5, "seed": server_request_seed(0, 0)}
     trainer._generation_count += 1
-    assert trainer._server_generation_kwargs()["seed"] != first["seed"]  # a new seed per generation batch
+    assert server_generation_kwargs(trainer.args, trainer._generation_count)["seed"] != first["seed"]  # a new seed per generation batch
     other = make_trainer(tiny_model_path, tmp_path / "b", seed=1)
-    assert other._server_generation_kwargs()["seed"] != first["seed"]  # and per training seed
+    assert server_generation_kwargs(other.args, other._generation_count)["seed"] != first["seed"]  # and per training seed
     assert trainer.args.generation_kwargs == {"top_k": 5}  # the user's kwargs are not modified
     pinned = make_trainer(tiny_model_path, tmp_path / "c", generation_kwargs={"seed": 11})
-    assert pinned._server_generation_kwargs() == {"seed": 11}  # a seed the user gives is kept
+    assert server_generation_kwargs(pinned.args, pinned._generation_count) == {"seed": 11}  # a seed the user gives is kept
