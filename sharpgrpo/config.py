@@ -1,26 +1,24 @@
 """``SharpGRPOConfig``: TRL's ``GRPOConfig`` plus the token-level strategies and their parameters.
 
-Each field of ours declares its default, help and accepted values together (``param``); the decisions behind the
-defaults are in docs/methods.md. The config validates itself in ``__post_init__``, before any model is loaded.
+The strategies' parameters live in ``sharpgrpo.strategy_params.StrategyParams``, which the config inherits; the
+fields below are the trainer's (which strategies, how weights enter the loss, diagnostics). Each field of ours
+declares its default, help and accepted values together (``param``); the decisions behind the defaults are in
+docs/methods.md. The config validates itself in ``__post_init__``, before any model is loaded.
 """
 
 from __future__ import annotations
 
 import warnings
-import dataclasses
 from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.strategies.covariance import CW_ADVANTAGE_MEANS, CW_SCOPES, CW_VARIANTS, released_variant_conflict
-from sharpgrpo.strategies.thr import VOCAB_MODES as THR_VOCABS
+from sharpgrpo.strategies.covariance import released_variant_conflict
+from sharpgrpo.strategy_params import StrategyParams, _RuledField, param
 from sharpgrpo.validation import (
     ConfigError,
-    between,
     integer,
-    non_negative,
-    number,
     one_of,
     parse_strategy_names,
     positive,
@@ -34,27 +32,10 @@ SUPPORTED_LOSS_TYPES = LOSS_TYPES  # all of TRL 1.16's
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 
 
-class _RuledField(dataclasses.Field):
-    """A dataclass field that also carries the rule of the values it accepts (``FIELD_RULES`` collects them). Kept
-    out of ``metadata``, which transformers' argument parser hands to argparse as keyword arguments."""
-
-    __slots__ = ("rule",)
-
-
-def param(default, help: str, rule):
-    """A field of ours: its default, what it does (``help``: a line or two, details in docs/methods.md) and the
-    values it accepts (``rule``, sharpgrpo.validation), declared together."""
-    plain = field(default=default, metadata={"help": help})
-    ruled = _RuledField.__new__(_RuledField)
-    for slot in dataclasses.Field.__slots__:
-        setattr(ruled, slot, getattr(plain, slot))
-    ruled.rule = rule
-    return ruled
-
-
 @dataclass
-class SharpGRPOConfig(GRPOConfig):
-    r"""Configuration for [`SharpGRPOTrainer`]: all of [`trl.GRPOConfig`] plus the fields below.
+class SharpGRPOConfig(StrategyParams, GRPOConfig):
+    r"""Configuration for [`SharpGRPOTrainer`]: all of [`trl.GRPOConfig`], the strategies' parameters
+    ([`sharpgrpo.strategy_params.StrategyParams`]) and the fields below.
 
     Strategies are chosen by name (``strategies``) and combine: token-weight strategies multiply, advantage
     strategies apply in list order. Parameters are flat so that YAML and the CLI set them directly. Each field's
@@ -69,18 +50,7 @@ class SharpGRPOConfig(GRPOConfig):
             "strategies: `ar`, `cw_grpo`, `thr`, `nthr`, `passk_mixed`. At most one weight strategy."
         },
     )
-    # GRPO-SG / TR-GRPO probability shaping (docs/methods.md §1).
-    sg_alpha: float = param(2.0, "alpha of GRPO-SG Eq. 19: scale of the sigmoid shaping.", positive())
-    sg_mu: float = param(0.25, "mu of GRPO-SG Eq. 19: offset subtracted from the sigmoid.", number())
-    sg_tau: float = param(
-        1 / 9,
-        "tau of GRPO-SG Eq. 19, w = clip(alpha (sigmoid(p/tau) - mu), L, U). 1/9, not the printed 9, which makes "
-        "every w = 1 (docs/methods.md §1); a tau with constant weights warns.",
-        positive(),
-    )
-    sg_lower: float = param(1.0, "L of GRPO-SG Eq. 19: lower clip of the weight.",
-                            positive(note="weights scale ratios"))
-    sg_upper: float = param(1.4, "U of GRPO-SG Eq. 19: upper clip of the weight.", positive())
+    # How a token weight enters the loss (docs/methods.md §1).
     weight_placement: str = param(
         "loss",
         "Where a token weight w enters the surrogate: `loss` (w times the clipped term) or `ratio` (GRPO-SG Eq. 13 "
@@ -94,64 +64,7 @@ class SharpGRPOConfig(GRPOConfig):
         "Eq. 11), `none`.",
         one_of(*KL_WEIGHTINGS),
     )
-    random_weight_low: float = param(0.5, "`random`: lower end of w ~ Uniform[low, high] (TR-GRPO Table 4).",
-                                     positive())
-    random_weight_high: float = param(1.5, "`random`: upper end of w ~ Uniform[low, high] (TR-GRPO Table 4).",
-                                      positive())
-    random_weight_seed: int | None = param(
-        None, "`random`: generator seed (plus the process index); None uses `seed`.", integer(0, allow_none=True)
-    )
-    ar_alpha: float = param(0.3, "`ar` (AR-Lopti): A[i,t] = (alpha sg[p_old] + 1 - alpha) A[i].", between(0, 1))
-    # CW-GRPO (docs/methods.md §2).
-    cw_scope: str = param(
-        "group", "`cw_grpo`: statistics over each prompt's `group` or the whole generation `batch`.",
-        one_of(*CW_SCOPES),
-    )
-    cw_advantage_mean: str = param(
-        "response",
-        "`cw_grpo`: mean(A) in c = (logp - mean logp)(A - mean A) over `response`s (each once) or `token`s "
-        "(length-weighted). docs/methods.md §2.",
-        one_of(*CW_ADVANTAGE_MEANS),
-    )
-    cw_sigma_eps: float = param(1e-8, "`cw_grpo`: below this std of c, w = 1.", non_negative())
-    cw_variant: str = param(
-        "paper",
-        "`cw_grpo`: `paper` (the paper's text: group statistics of the sampling policy, weights on the advantage) or "
-        "`released` (the authors' released code: per-micro-batch weights in the loss from the current policy). "
-        "docs/methods.md §2.3.",
-        one_of(*CW_VARIANTS),
-    )
-    cw_weight_gradient: bool | None = param(
-        None,
-        "`cw_grpo`: gradient through the weights; None: the variant's own (true for `released`, false for `paper`, "
-        "where true is refused).",
-        one_of(False, True, allow_none=True),
-    )
-    # THR (docs/methods.md §3).
-    thr_p: float = param(
-        0.1, "`thr`: p of THR Eq. 5; p > 0 favours exploitation (greedy accuracy), p < 0 exploration (pass@k).",
-        between(-1, 1),
-    )
-    thr_beta: float = param(
-        1.0,
-        "`thr`/`nthr`: scale of the threshold tau (`thr`: beta times the smallest mean THR score of a correct "
-        "response, THR App. E.5; `nthr`: Deng et al. 2025 Eq. 8). docs/methods.md §3.",
-        non_negative(),
-    )
-    thr_keep_below_threshold: bool = param(
-        False, "`thr`: tokens with |THR| <= tau get advantage 0 (False, the paper's setting) or keep A (True).",
-        one_of(False, True),
-    )
-    thr_entropy_quantile: float = param(
-        0.0, "`thr`: also keep the top-q-entropy tokens below the threshold (0 = off; the paper uses 0.2 for 0.5B).",
-        between(0, 1, high_open=True),
-    )
-    thr_vocab: str = param(
-        "full", "`thr`: `full` (exact) or `sampled` (the group's tokens only, not renormalised; NTHR App. 7.4).",
-        one_of(*THR_VOCABS),
-    )
-    thr_chunk_size: int = param(1024, "`thr`: tokens per chunk of the score computation (bounds its memory).",
-                                integer(1))
+    # Advantage strategies' inputs and THR's score dump (docs/methods.md §3).
     thr_debug_dump: bool = param(
         False, "`thr`: write per-token scores with decoded tokens to `output_dir/thr_scores/` every generation.",
         one_of(False, True),
@@ -162,11 +75,6 @@ class SharpGRPOConfig(GRPOConfig):
         "forward (equal up to KV-cache rounding). False: always forward.",
         one_of(False, True),
     )
-    nthr_length_normalized: bool = param(
-        False, "`nthr`: keep THR's 1/|y_i| in the score compared with tau (False: the threshold's own scale).",
-        one_of(False, True),
-    )
-    passk_k: int = param(4, "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025).", integer(1))
 
     # Diagnostics.
     sharpness_probe_steps: int = param(

@@ -77,10 +77,11 @@ class SharpGRPOTrainer(GRPOTrainer):
             args = SharpGRPOConfig(output_dir="sharpgrpo-output")
         if not isinstance(args, SharpGRPOConfig):
             raise TypeError(f"SharpGRPOTrainer needs a SharpGRPOConfig, got {type(args).__name__}.")
-        strategies = [STRATEGIES.get(name)(args) for name in args.strategies]
+        classes = {name: STRATEGIES.get(name) for name in args.strategies}
+        strategies = [classes[name](args) for name in args.strategies]
         self.weight_strategy: TokenWeightStrategy | None = next((s for s in strategies if s.kind == "weight"), None)
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
-        self._strategy_output_checker = StrategyOutputChecker(args.strategies)  # shape, finite, w > 0; names it
+        self._strategy_output_checker = StrategyOutputChecker(classes)  # shape, finite, w > 0; names it
         self._generation = GenerationRecord()  # filled by the generation hooks, read by the advantage strategies
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)

@@ -202,17 +202,13 @@ def validate_trl_fields(config: Any) -> None:
 # Strategy outputs (checked by the trainer once per step)
 
 
-def configured_name(strategy: Any, strategy_names: list[str]) -> str:
-    """How the user named ``strategy`` in ``strategies`` (registered name or dotted path), with its class."""
-    from sharpgrpo.strategies import STRATEGIES
-
+def configured_name(strategy: Any, strategy_classes: Mapping[str, type]) -> str:
+    """How the user named ``strategy`` in ``strategies`` (registered name or dotted path, each mapped to the class it
+    resolves to), with its class."""
     cls = type(strategy)
-    for name in strategy_names:
-        try:
-            if STRATEGIES.get(name) is cls:
-                return f"{name!r} ({cls.__module__}.{cls.__qualname__})"
-        except ValueError:
-            continue
+    for name, configured in strategy_classes.items():
+        if configured is cls:
+            return f"{name!r} ({cls.__module__}.{cls.__qualname__})"
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -265,9 +261,9 @@ def bad_weight_count(weights, mask):
     return non_finite.sum() + non_positive.sum()
 
 
-def check_token_weights(strategy: Any, strategy_names: list[str], weights: Any, logps, mask) -> None:
+def check_token_weights(strategy: Any, strategy_classes: Mapping[str, type], weights: Any, logps, mask) -> None:
     """A weight strategy's output: a tensor shaped like ``logps``, finite, > 0 on completion tokens."""
-    label = configured_name(strategy, strategy_names)
+    label = configured_name(strategy, strategy_classes)
     _check_shape("token weights", label, weights, logps.shape)
     _check_values("token weights", label, weights, mask, require_positive=True)
 
@@ -275,29 +271,30 @@ def check_token_weights(strategy: Any, strategy_names: list[str], weights: Any, 
 class StrategyOutputChecker:
     """Checks strategy outputs for the trainer: the shape of token weights on every micro-batch (free; a (B, 1)
     output would broadcast silently) and their values through :func:`bad_weight_count`, read together with the
-    weight metrics; advantages on every generation batch (once per generation)."""
+    weight metrics; advantages on every generation batch (once per generation). ``strategy_classes`` maps each
+    configured name to its class, for the errors' labels."""
 
-    def __init__(self, strategy_names: list[str]):
-        self.strategy_names = list(strategy_names)
+    def __init__(self, strategy_classes: Mapping[str, type]):
+        self.strategy_classes = dict(strategy_classes)
 
     def weights(self, strategy: Any, weights: Any, logps, mask) -> Any:
         """Refuses a wrongly shaped output now; returns :func:`bad_weight_count` of the values (a device scalar)."""
         if getattr(weights, "shape", None) != logps.shape:
-            check_token_weights(strategy, self.strategy_names, weights, logps, mask)
+            check_token_weights(strategy, self.strategy_classes, weights, logps, mask)
         return bad_weight_count(weights, mask)
 
     def raise_for_weights(self, strategy: Any, weights: Any, logps, mask) -> None:
         """The error naming ``strategy`` for weights whose :func:`bad_weight_count` was not 0."""
-        check_token_weights(strategy, self.strategy_names, weights, logps, mask)
+        check_token_weights(strategy, self.strategy_classes, weights, logps, mask)
 
     def advantages(self, strategy: Any, output: Any, batch) -> None:
-        check_token_advantages(strategy, self.strategy_names, output, batch)
+        check_token_advantages(strategy, self.strategy_classes, output, batch)
 
 
-def check_token_advantages(strategy: Any, strategy_names: list[str], output: Any, batch) -> None:
+def check_token_advantages(strategy: Any, strategy_classes: Mapping[str, type], output: Any, batch) -> None:
     """An advantage strategy's output: ``(advantages, metrics)`` with advantages shaped like ``batch.advantages``
     and finite."""
-    label = configured_name(strategy, strategy_names)
+    label = configured_name(strategy, strategy_classes)
     if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Mapping)):
         raise ValueError(
             f"Strategy {label} returned {type(output).__name__}; `token_advantages` must return "

@@ -9,8 +9,9 @@ Two kinds of strategy change the GRPO policy loss (docs/methods.md, Notation):
   once per generation batch, before TRL shuffles and splits it, on whole groups gathered from every process.
 
 Strategies are pure tensor code: no trainer, accelerate or transformers imports. Each registered class is a thin
-adapter that reads its parameters from the config (any object with the documented attributes) and calls a pure
-function that cites its equation.
+adapter that reads its parameters from ``args`` and calls a pure function that cites its equation. The parameters
+are declared once, with their defaults, in ``sharpgrpo.strategy_params.StrategyParams`` (which ``SharpGRPOConfig``
+inherits); a strategy reads them as plain attributes and lists them in ``params``.
 """
 
 from __future__ import annotations

@@ -54,10 +54,7 @@ from sharpgrpo.strategies.base import (
     TokenWeightStrategy,
     register_strategy,
 )
-
-CW_SCOPES = ("group", "batch")
-CW_ADVANTAGE_MEANS = ("response", "token")
-DEFAULT_SIGMA_EPS = 1e-8
+from sharpgrpo.strategy_params import CW_ADVANTAGE_MEANS, CW_SCOPES, CW_VARIANTS, DEFAULT_SIGMA_EPS
 
 
 def _scope_sum(values: torch.Tensor, inverse: torch.Tensor, num_scopes: int) -> torch.Tensor:
@@ -215,14 +212,14 @@ def _weight_stats(
 class CovarianceWeighting(AdvantageStrategy):
     """CW-GRPO advantage strategy (docs/methods.md §2): token advantages ``A[i,t] = w~[i,t] * A[i,t]``.
 
-    Config attributes read from ``args``:
+    Config attributes read from ``args`` (declared, with their defaults, in ``sharpgrpo.strategy_params``):
 
-    * ``cw_scope``: ``"group"`` (default; statistics per prompt group, as the paper's sums over G responses) or
-      ``"batch"`` (one scope: every completion of the generation batch handed to the strategy, which the trainer
-      gathers from all processes);
-    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (default 1e-8, docs/methods.md §2);
-    * ``cw_advantage_mean``: ``"response"`` (default) or ``"token"``, how mean(A) is taken (docs/methods.md §2);
-    * ``cw_variant``: ``"paper"`` (default, this class) or ``"released"``: constructing the class then returns a
+    * ``cw_scope``: ``"group"`` (statistics per prompt group, as the paper's sums over G responses) or ``"batch"``
+      (one scope: every completion of the generation batch handed to the strategy, which the trainer gathers from
+      all processes);
+    * ``cw_sigma_eps``: below this std of c a scope's weights are 1 (docs/methods.md §2);
+    * ``cw_advantage_mean``: ``"response"`` or ``"token"``, how mean(A) is taken (docs/methods.md §2);
+    * ``cw_variant``: ``"paper"`` (this class) or ``"released"``: constructing the class then returns a
       :class:`ReleasedCovarianceWeights`, the authors' released loss (a token-weight strategy, see there).
 
     ``logp`` is ``batch.old_logps``: the detached log-probabilities of the sampling policy (docs/methods.md §2), so the
@@ -239,27 +236,25 @@ class CovarianceWeighting(AdvantageStrategy):
 
     def __new__(cls, args: Any):
         # `cw_variant: released` computes its weights in the loss instead (a token-weight strategy).
-        if getattr(args, "cw_variant", None) == "released":
+        if args.cw_variant == "released":
             return ReleasedCovarianceWeights(args)
         return super().__new__(cls)
 
     def __init__(self, args: Any):
         super().__init__(args)
-        variant = getattr(args, "cw_variant", None) or "paper"
-        if variant not in CW_VARIANTS:
-            raise ValueError(f"cw_variant must be one of {', '.join(map(repr, CW_VARIANTS))}; got {variant!r}.")
+        if args.cw_variant not in CW_VARIANTS:
+            choices = ", ".join(map(repr, CW_VARIANTS))
+            raise ValueError(f"cw_variant must be one of {choices}; got {args.cw_variant!r}.")
         if released_weight_gradient(args):
             raise ValueError("cw_weight_gradient=True: needs cw_variant: released (the paper variant's weights come "
                              "from the sampling policy at generation, without gradient).")
-        scope = getattr(args, "cw_scope", None)
-        self.scope = "group" if scope is None else scope
+        self.scope = args.cw_scope
         if self.scope not in CW_SCOPES:
             raise ValueError(f"cw_scope must be one of {', '.join(map(repr, CW_SCOPES))}; got {self.scope!r}.")
-        sigma_eps = getattr(args, "cw_sigma_eps", None)
-        self.sigma_eps = DEFAULT_SIGMA_EPS if sigma_eps is None else float(sigma_eps)
+        self.sigma_eps = float(args.cw_sigma_eps)
         if self.sigma_eps < 0:
             raise ValueError(f"cw_sigma_eps must be >= 0; got {self.sigma_eps}.")
-        self.advantage_mean = getattr(args, "cw_advantage_mean", None) or "response"
+        self.advantage_mean = args.cw_advantage_mean
         if self.advantage_mean not in CW_ADVANTAGE_MEANS:
             choices = ", ".join(map(repr, CW_ADVANTAGE_MEANS))
             raise ValueError(f"cw_advantage_mean must be one of {choices}; got {self.advantage_mean!r}.")
@@ -280,7 +275,6 @@ class CovarianceWeighting(AdvantageStrategy):
 # ----------------------------------------------------------------------------------------------------------------
 # The authors' released variant (`cw_variant: released`)
 # ----------------------------------------------------------------------------------------------------------------
-CW_VARIANTS = ("paper", "released")
 RELEASED_EPS = 1e-8  # the released code's constant: added to each response's token count and to sigma
 
 
@@ -339,8 +333,8 @@ def released_variant_conflict(args: Any) -> str | None:
     """One line naming the first setting under which ``cw_variant='released'`` would not compute the released loss,
     and the value that does; None when the configuration expresses it. The released loss is on-policy GRPO with
     w~ on the policy term only: -(w~ r A) + beta k3 per token (r = 1 in value), averaged over each completion's
-    tokens, then over the completions."""
-    strategies = list(getattr(args, "strategies", ["cw_grpo"]))
+    tokens, then over the completions. ``args`` is a ``SharpGRPOConfig``: TRL's fields are read too."""
+    strategies = list(args.strategies)
     if strategies != ["cw_grpo"]:
         return f"strategies={strategies}: cw_variant=released is the authors' loss alone; set strategies: cw_grpo."
     required = (
@@ -356,15 +350,15 @@ def released_variant_conflict(args: Any) -> str | None:
         ("entropy_coef", 0.0, "no entropy bonus"),
         ("use_adaptive_entropy", False, "no entropy bonus"),
     )
-    if getattr(args, "beta", 0.0):
+    if args.beta:
         required += (("kl_weighting", "none", "the KL term is not weighted by w~"),
                      ("use_bias_correction_kl", False, "the plain k3 KL"))
-    if getattr(args, "use_vllm", False):
+    if args.use_vllm:
         required += (("vllm_importance_sampling_correction", False, "no importance-sampling factor on the loss"),)
     if released_weight_gradient(args):
         required += (("sharpness_probe_steps", 0, "the probe reuses detached weights; gradient flows through w~"),)
     for name, value, why in required:
-        if hasattr(args, name) and getattr(args, name) != value:
+        if getattr(args, name) != value:
             return (f"{name}={getattr(args, name)!r}: cw_variant=released needs {name}: {value} ({why}); it also "
                     "needs loss_type grpo, num_iterations 1, steps_per_generation 1, weight_placement loss and, with "
                     "beta > 0, kl_weighting none.")
@@ -374,8 +368,8 @@ def released_variant_conflict(args: Any) -> str | None:
 def released_weight_gradient(args: Any) -> bool:
     """``cw_weight_gradient``, with None meaning the variant's own: True for ``released`` (the released code does not
     detach w~), False for ``paper``."""
-    value = getattr(args, "cw_weight_gradient", None)
-    return (getattr(args, "cw_variant", "paper") == "released") if value is None else bool(value)
+    value = args.cw_weight_gradient
+    return (args.cw_variant == "released") if value is None else bool(value)
 
 
 class ReleasedCovarianceWeights(TokenWeightStrategy):

@@ -95,7 +95,7 @@ def mixed_advantages(grpo_advantages: torch.Tensor, correct: torch.Tensor, k: in
 
 @register_strategy("passk_mixed")
 class PassKMixedStrategy(AdvantageStrategy):
-    """Pass@K-mixed advantages (docs/methods.md §4). Config attribute: ``passk_k`` (4). c counts the correct completions of
+    """Pass@K-mixed advantages (docs/methods.md §4). Config attribute: ``passk_k``. c counts the correct completions of
     each group (``sharpgrpo.correctness.batch_correct``: the reward functions' answer checks, else the docs/methods.md §3
     fallback, which for binary {0, 1} rewards is reward == 1).
 
@@ -113,7 +113,7 @@ class PassKMixedStrategy(AdvantageStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.k = int(getattr(args, "passk_k", 4))
+        self.k = int(args.passk_k)
         if self.k < 1:
             raise ValueError(f"passk_k must be >= 1, got {self.k}")
 

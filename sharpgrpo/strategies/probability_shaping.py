@@ -148,7 +148,7 @@ class RandomWeights(TokenWeightStrategy):
     def __init__(self, args):
         super().__init__(args)
         seed = args.random_weight_seed if args.random_weight_seed is not None else args.seed
-        seed += getattr(args, "process_index", 0)
+        seed += args.process_index
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
 
     def bounds(self) -> tuple[float, float]:
@@ -168,7 +168,7 @@ class RandomWeights(TokenWeightStrategy):
 
 @register_strategy("ar")
 class ARTokenAdvantages(AdvantageStrategy):
-    """AR-Lopti token advantages from the sampling policy's probabilities (ar_alpha, default 0.3)."""
+    """AR-Lopti token advantages from the sampling policy's probabilities (``ar_alpha``)."""
 
     params = ("ar_alpha",)
     paper = AR_PAPER

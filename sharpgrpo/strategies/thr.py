@@ -42,13 +42,13 @@ from typing import Any, NamedTuple
 import torch
 
 from sharpgrpo.correctness import batch_correct
+from sharpgrpo.strategies import thr_kernels
 from sharpgrpo.strategies.base import (
     AdvantageStrategy,
     GenerationBatch,
     StrategyPaper,
     register_strategy,
 )
-import sharpgrpo.strategies.thr_kernels as thr_kernels
 from sharpgrpo.strategies.thr_vocab import (
     factored_flops,
     log_normalizer,
@@ -59,8 +59,8 @@ from sharpgrpo.strategies.thr_vocab import (
     sequence_s_matrices,
     slice_width,
 )
+from sharpgrpo.strategy_params import VOCAB_MODES
 
-VOCAB_MODES = ("full", "sampled")
 SCORE_METHODS = ("auto", "fused", "factored", "pairwise")
 
 
@@ -420,9 +420,9 @@ class _HiddenRewardStrategy(AdvantageStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.beta = float(getattr(args, "thr_beta", 1.0))
-        self.vocab = getattr(args, "thr_vocab", "full")
-        self.chunk_size = int(getattr(args, "thr_chunk_size", 1024))
+        self.beta = float(args.thr_beta)
+        self.vocab = args.thr_vocab
+        self.chunk_size = int(args.thr_chunk_size)
         if self.vocab not in VOCAB_MODES:
             raise ValueError(f"thr_vocab must be one of {VOCAB_MODES}, got {self.vocab!r}")
         if self.chunk_size < 1:
@@ -493,9 +493,9 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.p = float(getattr(args, "thr_p", 0.1))
-        self.keep_below_threshold = bool(getattr(args, "thr_keep_below_threshold", False))
-        self.entropy_quantile = float(getattr(args, "thr_entropy_quantile", 0.0))
+        self.p = float(args.thr_p)
+        self.keep_below_threshold = bool(args.thr_keep_below_threshold)
+        self.entropy_quantile = float(args.thr_entropy_quantile)
         if not 0.0 <= self.entropy_quantile <= 1.0:
             raise ValueError(f"thr_entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
 
@@ -515,7 +515,7 @@ class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
     """NTHR (Deng et al. 2025, docs/methods.md §3): incorrect-completion tokens with NTHR > tau get A := eta * A.
 
     Config fields: ``thr_beta``, ``thr_vocab``, ``thr_chunk_size`` as for ``thr``, and
-    ``nthr_length_normalized`` (default False): False scores a token by its unnormalised influence
+    ``nthr_length_normalized``: False (its default) scores a token by its unnormalised influence
     ``sum_{i in P} sum_k alpha <h, h>``, the same scale as the threshold tau (Deng et al.'s NTHR); True uses THR's
     1/|y_i| weights (Corollary 4.2)."""
 
@@ -524,7 +524,7 @@ class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
 
     def __init__(self, args: Any):
         super().__init__(args)
-        self.length_normalized = bool(getattr(args, "nthr_length_normalized", False))
+        self.length_normalized = bool(args.nthr_length_normalized)
 
     def _threshold(self, result, mask, positive):
         return result.tau  # Deng et al.'s unnormalised threshold (Eq. 8), on the unnormalised score's scale

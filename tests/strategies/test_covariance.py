@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sharpgrpo.strategies.base import STRATEGIES, GenerationBatch
 from sharpgrpo.strategies.covariance import CovarianceWeighting, covariance_gaussian_weights
+from sharpgrpo.strategy_params import StrategyParams
 
 STAT_KEYS = {
     "cw/weight_mean",
@@ -400,7 +400,7 @@ def test_strategy_is_registered():
 @pytest.mark.parametrize("scope", ["group", "batch", None])
 def test_strategy_end_to_end(scope):
     batch = make_generation_batch(25)
-    args = SimpleNamespace() if scope is None else SimpleNamespace(cw_scope=scope)
+    args = StrategyParams() if scope is None else StrategyParams(cw_scope=scope)
     token_advantages, metrics = CovarianceWeighting(args).token_advantages(batch)
     scope_ids = torch.zeros_like(batch.group_ids) if scope == "batch" else batch.group_ids
     expected_weights, expected_stats = reference_weights(
@@ -418,26 +418,26 @@ def test_strategy_end_to_end(scope):
 
 def test_strategy_reads_sigma_eps():
     batch = make_generation_batch(26)
-    strategy = CovarianceWeighting(SimpleNamespace(cw_scope="group", cw_sigma_eps=1e9))
+    strategy = CovarianceWeighting(StrategyParams(cw_scope="group", cw_sigma_eps=1e9))
     token_advantages, metrics = strategy.token_advantages(batch)
     torch.testing.assert_close(token_advantages, batch.advantages, rtol=0, atol=0)
     assert metrics["cw/frac_scopes_degenerate"] == 1.0
     with pytest.raises(ValueError, match="cw_sigma_eps"):
-        CovarianceWeighting(SimpleNamespace(cw_sigma_eps=-1.0))
+        CovarianceWeighting(StrategyParams(cw_sigma_eps=-1.0))
 
 
 def test_strategy_reads_advantage_mean():
     batch = make_generation_batch(27)
-    token_strategy = CovarianceWeighting(SimpleNamespace(cw_advantage_mean="token"))
+    token_strategy = CovarianceWeighting(StrategyParams(cw_advantage_mean="token"))
     out, _ = token_strategy.token_advantages(batch)
     expected, _ = reference_weights(batch.old_logps, batch.advantages, batch.completion_mask, batch.group_ids,
                                     advantage_mean="token")
     torch.testing.assert_close(out.double(), expected * batch.advantages.double(), rtol=2e-6, atol=2e-6)
     with pytest.raises(ValueError, match="cw_advantage_mean"):
-        CovarianceWeighting(SimpleNamespace(cw_advantage_mean="tokens"))
+        CovarianceWeighting(StrategyParams(cw_advantage_mean="tokens"))
 
 
 @pytest.mark.parametrize("bad", ["sequence", "Group", ""])
 def test_strategy_rejects_unknown_scope(bad):
     with pytest.raises(ValueError, match="cw_scope must be one of 'group', 'batch'"):
-        CovarianceWeighting(SimpleNamespace(cw_scope=bad))
+        CovarianceWeighting(StrategyParams(cw_scope=bad))

@@ -12,7 +12,6 @@ one iteration (r = exp(logp - sg[logp])).
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from sharpgrpo.strategies.covariance import (
     ReleasedCovarianceWeights,
     released_covariance_weights,
 )
+from sharpgrpo.strategy_params import StrategyParams
 from sharpgrpo.validation import ConfigError
 
 
@@ -143,7 +143,7 @@ def test_loss_gradient_matches_finite_differences(seed, weight_gradient):
         return total / lp.shape[0]
 
     variable = logps.clone().requires_grad_(True)
-    strategy = ReleasedCovarianceWeights(SimpleNamespace(cw_variant="released", cw_weight_gradient=weight_gradient))
+    strategy = ReleasedCovarianceWeights(StrategyParams(cw_variant="released", cw_weight_gradient=weight_gradient))
     weights = strategy.loss_weights(variable, mask, advantages[:, None])
     ratio = torch.exp(variable - variable.detach())
     kl = torch.exp(ref_logps - variable) - (ref_logps - variable) - 1
@@ -177,13 +177,13 @@ def test_micro_batches_are_independent():
 
 def test_registry_builds_the_released_strategy():
     assert STRATEGIES.get("cw_grpo") is CovarianceWeighting
-    released = CovarianceWeighting(SimpleNamespace(cw_variant="released"))
+    released = CovarianceWeighting(StrategyParams(cw_variant="released"))
     assert isinstance(released, ReleasedCovarianceWeights) and isinstance(released, TokenWeightStrategy)
     assert released.kind == "weight" and released.gradient
-    assert not ReleasedCovarianceWeights(SimpleNamespace(cw_variant="released", cw_weight_gradient=False)).gradient
-    assert isinstance(CovarianceWeighting(SimpleNamespace()), CovarianceWeighting)
+    assert not ReleasedCovarianceWeights(StrategyParams(cw_variant="released", cw_weight_gradient=False)).gradient
+    assert isinstance(CovarianceWeighting(StrategyParams()), CovarianceWeighting)
     with pytest.raises(ValueError, match="cw_weight_gradient=True: needs cw_variant: released"):
-        CovarianceWeighting(SimpleNamespace(cw_weight_gradient=True))
+        CovarianceWeighting(StrategyParams(cw_weight_gradient=True))
 
 
 def released_config(tmp_path, **overrides):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sharpgrpo.strategies.base import STRATEGIES, GenerationBatch
 from sharpgrpo.strategies.passk import mixed_advantages, passk_advantages
+from sharpgrpo.strategy_params import StrategyParams
 
 
 def enumerated_passk(rewards: list[int], k: int) -> list[float]:
@@ -97,7 +97,7 @@ def test_invalid_inputs_raise():
     with pytest.raises(ValueError, match="passk_k"):
         passk_advantages(torch.tensor([1.0, 0.0, 0.0]), 0)
     with pytest.raises(ValueError, match="passk_k"):
-        STRATEGIES.get("passk_mixed")(SimpleNamespace(passk_k=0))
+        STRATEGIES.get("passk_mixed")(StrategyParams(passk_k=0))
 
 
 def test_strategy_applies_per_group():
@@ -111,7 +111,7 @@ def test_strategy_applies_per_group():
         old_logps=torch.zeros(3 * G, T), completion_mask=torch.ones(3 * G, T), completion_ids=torch.zeros(3 * G, T),
         advantages=advantages, rewards=rewards, group_ids=group_ids, num_generations=G,
     )
-    strategy = STRATEGIES.get("passk_mixed")(SimpleNamespace(passk_k=4))
+    strategy = STRATEGIES.get("passk_mixed")(StrategyParams(passk_k=4))
     assert not strategy.needs_hidden_states
     out, metrics = strategy.token_advantages(batch)
     for g in range(3):
@@ -137,7 +137,7 @@ def test_strategy_counts_c_from_the_answer_check_not_the_rewards():
         advantages=advantages, rewards=rewards, group_ids=torch.zeros(G, dtype=torch.long), num_generations=G,
         correct=correct,
     )
-    out, metrics = STRATEGIES.get("passk_mixed")(SimpleNamespace(passk_k=4)).token_advantages(batch)
+    out, metrics = STRATEGIES.get("passk_mixed")(StrategyParams(passk_k=4)).token_advantages(batch)
     torch.testing.assert_close(out, mixed_advantages(advantages, correct, 4))
     assert metrics["passk/mix_q"] == pytest.approx(2 / 8)
     assert metrics["passk/pass_at_k"] == pytest.approx(1 - math.comb(6, 4) / math.comb(8, 4))

@@ -4,7 +4,6 @@ distributions, explicit loops over token pairs), threshold and reweighting logic
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from sharpgrpo.strategies.thr import (
     token_hidden_reward_scores,
     top_entropy_mask,
 )
+from sharpgrpo.strategy_params import StrategyParams
 
 V, H = 50, 16
 
@@ -398,7 +398,7 @@ def make_batch(seed=0, G=4, T=6, vocab_bias=True):
 
 def test_thr_strategy_matches_per_group_functions():
     batch = make_batch()
-    args = SimpleNamespace(thr_p=0.1, thr_beta=0.5, thr_keep_below_threshold=False, thr_entropy_quantile=0.25,
+    args = StrategyParams(thr_p=0.1, thr_beta=0.5, thr_keep_below_threshold=False, thr_entropy_quantile=0.25,
                            thr_vocab="sampled", thr_chunk_size=5)
     strategy = STRATEGIES.get("thr")(args)
     assert strategy.needs_hidden_states and strategy.kind == "advantage"
@@ -428,7 +428,7 @@ def test_thr_strategy_matches_per_group_functions():
 def test_thr_strategy_positive_set_comes_from_batch_correct():
     # batch.correct (the answer checks) defines P, not the rewards: flipping it changes the scores' signs.
     batch = make_batch(seed=3)
-    strategy = STRATEGIES.get("thr")(SimpleNamespace())
+    strategy = STRATEGIES.get("thr")(StrategyParams())
     strategy.token_advantages(batch)
     from_rewards = strategy.last_scores.clone()
     correct = torch.zeros(12, dtype=torch.bool)
@@ -444,7 +444,7 @@ def test_thr_strategy_positive_set_comes_from_batch_correct():
 
 def test_thr_strategy_defaults_zero_below_threshold_tokens():
     batch = make_batch(seed=1)
-    out, metrics = STRATEGIES.get("thr")(SimpleNamespace()).token_advantages(batch)
+    out, metrics = STRATEGIES.get("thr")(StrategyParams()).token_advantages(batch)
     mixed = torch.zeros(12, dtype=torch.bool)
     mixed[0:4] = mixed[8:12] = True
     valid = batch.completion_mask.bool() & mixed[:, None]
@@ -456,7 +456,7 @@ def test_thr_strategy_defaults_zero_below_threshold_tokens():
 
 def test_nthr_strategy():
     batch = make_batch(seed=2)
-    strategy = STRATEGIES.get("nthr")(SimpleNamespace(thr_beta=1.0, thr_vocab="full", thr_chunk_size=1024))
+    strategy = STRATEGIES.get("nthr")(StrategyParams(thr_beta=1.0, thr_vocab="full", thr_chunk_size=1024))
     out, metrics = strategy.token_advantages(batch)
     for rows in (slice(0, 4), slice(8, 12)):
         positive = batch.rewards[rows] == 1
@@ -474,8 +474,8 @@ def test_strategies_need_hidden_states_and_valid_options():
     batch = make_batch()
     no_hidden = GenerationBatch(**{**batch.__dict__, "hidden_states": None})
     with pytest.raises(ValueError, match="hidden_states"):
-        STRATEGIES.get("thr")(SimpleNamespace()).token_advantages(no_hidden)
+        STRATEGIES.get("thr")(StrategyParams()).token_advantages(no_hidden)
     with pytest.raises(ValueError, match="thr_vocab"):
-        STRATEGIES.get("thr")(SimpleNamespace(thr_vocab="top_k"))
+        STRATEGIES.get("thr")(StrategyParams(thr_vocab="top_k"))
     with pytest.raises(ValueError, match="thr_entropy_quantile"):
-        STRATEGIES.get("thr")(SimpleNamespace(thr_entropy_quantile=1.5))
+        STRATEGIES.get("thr")(StrategyParams(thr_entropy_quantile=1.5))

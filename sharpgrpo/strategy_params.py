@@ -1,0 +1,123 @@
+"""``StrategyParams``: the one home of every strategy parameter (its default, help and accepted values), and the
+``param`` declaration that ``SharpGRPOConfig`` uses for its other fields too.
+
+``SharpGRPOConfig`` inherits these fields and validates them (``FIELD_RULES``); a strategy reads them from its
+``args`` without restating a default, and the values a field accepts (``VOCAB_MODES``, ``CW_VARIANTS``, ...) are
+declared here for the strategy's own checks. This module imports nothing of sharpgrpo but ``sharpgrpo.validation``,
+so both the config and the strategies import it. The decisions behind the defaults: docs/methods.md §9.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from sharpgrpo.validation import between, integer, non_negative, number, one_of, positive
+
+CW_SCOPES = ("group", "batch")
+CW_ADVANTAGE_MEANS = ("response", "token")
+CW_VARIANTS = ("paper", "released")
+DEFAULT_SIGMA_EPS = 1e-8  # docs/methods.md §2.2: below it a scope's weights are 1
+VOCAB_MODES = ("full", "sampled")
+
+
+class _RuledField(dataclasses.Field):
+    """A dataclass field that also carries the rule of the values it accepts (``FIELD_RULES`` collects them). Kept
+    out of ``metadata``, which transformers' argument parser hands to argparse as keyword arguments."""
+
+    __slots__ = ("rule",)
+
+
+def param(default, help: str, rule):
+    """A field of ours: its default, what it does (``help``: a line or two, details in docs/methods.md) and the
+    values it accepts (``rule``, sharpgrpo.validation), declared together."""
+    plain = field(default=default, metadata={"help": help})
+    ruled = _RuledField.__new__(_RuledField)
+    for slot in dataclasses.Field.__slots__:
+        setattr(ruled, slot, getattr(plain, slot))
+    ruled.rule = rule
+    return ruled
+
+
+@dataclass
+class StrategyParams:
+    """The parameters the registered strategies read, each declared once. A strategy lists the ones it reads in its
+    ``params`` (the model card's list). ``SharpGRPOConfig`` is the validated whole; a strategy that reads only its
+    own parameters can also be built from ``StrategyParams(...)`` directly (values are not checked here)."""
+
+    # GRPO-SG / TR-GRPO probability shaping (docs/methods.md §1).
+    sg_alpha: float = param(2.0, "alpha of GRPO-SG Eq. 19: scale of the sigmoid shaping.", positive())
+    sg_mu: float = param(0.25, "mu of GRPO-SG Eq. 19: offset subtracted from the sigmoid.", number())
+    sg_tau: float = param(
+        1 / 9,
+        "tau of GRPO-SG Eq. 19, w = clip(alpha (sigmoid(p/tau) - mu), L, U). 1/9, not the printed 9, which makes "
+        "every w = 1 (docs/methods.md §1); a tau with constant weights warns.",
+        positive(),
+    )
+    sg_lower: float = param(1.0, "L of GRPO-SG Eq. 19: lower clip of the weight.",
+                            positive(note="weights scale ratios"))
+    sg_upper: float = param(1.4, "U of GRPO-SG Eq. 19: upper clip of the weight.", positive())
+    random_weight_low: float = param(0.5, "`random`: lower end of w ~ Uniform[low, high] (TR-GRPO Table 4).",
+                                     positive())
+    random_weight_high: float = param(1.5, "`random`: upper end of w ~ Uniform[low, high] (TR-GRPO Table 4).",
+                                      positive())
+    random_weight_seed: int | None = param(
+        None, "`random`: generator seed (plus the process index); None uses `seed`.", integer(0, allow_none=True)
+    )
+    ar_alpha: float = param(0.3, "`ar` (AR-Lopti): A[i,t] = (alpha sg[p_old] + 1 - alpha) A[i].", between(0, 1))
+    # CW-GRPO (docs/methods.md §2).
+    cw_scope: str = param(
+        "group", "`cw_grpo`: statistics over each prompt's `group` or the whole generation `batch`.",
+        one_of(*CW_SCOPES),
+    )
+    cw_advantage_mean: str = param(
+        "response",
+        "`cw_grpo`: mean(A) in c = (logp - mean logp)(A - mean A) over `response`s (each once) or `token`s "
+        "(length-weighted). docs/methods.md §2.",
+        one_of(*CW_ADVANTAGE_MEANS),
+    )
+    cw_sigma_eps: float = param(DEFAULT_SIGMA_EPS, "`cw_grpo`: below this std of c, w = 1.", non_negative())
+    cw_variant: str = param(
+        "paper",
+        "`cw_grpo`: `paper` (the paper's text: group statistics of the sampling policy, weights on the advantage) or "
+        "`released` (the authors' released code: per-micro-batch weights in the loss from the current policy). "
+        "docs/methods.md §2.3.",
+        one_of(*CW_VARIANTS),
+    )
+    cw_weight_gradient: bool | None = param(
+        None,
+        "`cw_grpo`: gradient through the weights; None: the variant's own (true for `released`, false for `paper`, "
+        "where true is refused).",
+        one_of(False, True, allow_none=True),
+    )
+    # THR and NTHR (docs/methods.md §3).
+    thr_p: float = param(
+        0.1, "`thr`: p of THR Eq. 5; p > 0 favours exploitation (greedy accuracy), p < 0 exploration (pass@k).",
+        between(-1, 1),
+    )
+    thr_beta: float = param(
+        1.0,
+        "`thr`/`nthr`: scale of the threshold tau (`thr`: beta times the smallest mean THR score of a correct "
+        "response, THR App. E.5; `nthr`: Deng et al. 2025 Eq. 8). docs/methods.md §3.",
+        non_negative(),
+    )
+    thr_keep_below_threshold: bool = param(
+        False, "`thr`: tokens with |THR| <= tau get advantage 0 (False, the paper's setting) or keep A (True).",
+        one_of(False, True),
+    )
+    thr_entropy_quantile: float = param(
+        0.0, "`thr`: also keep the top-q-entropy tokens below the threshold (0 = off; the paper uses 0.2 for 0.5B).",
+        between(0, 1, high_open=True),
+    )
+    thr_vocab: str = param(
+        "full", "`thr`: `full` (exact) or `sampled` (the group's tokens only, not renormalised; NTHR App. 7.4).",
+        one_of(*VOCAB_MODES),
+    )
+    thr_chunk_size: int = param(1024, "`thr`: tokens per chunk of the score computation (bounds its memory).",
+                                integer(1))
+    nthr_length_normalized: bool = param(
+        False, "`nthr`: keep THR's 1/|y_i| in the score compared with tau (False: the threshold's own scale).",
+        one_of(False, True),
+    )
+    # Pass@K (docs/methods.md §4).
+    passk_k: int = param(4, "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025).", integer(1))

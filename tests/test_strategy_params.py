@@ -1,0 +1,48 @@
+"""Strategy parameters have one home (``sharpgrpo.strategy_params``): every name a strategy declares in ``params`` is
+a config field, every parameter is read by some strategy, and the model card lists exactly the declared ones."""
+
+from dataclasses import fields
+
+import pytest
+
+from sharpgrpo import SharpGRPOConfig
+from sharpgrpo.config import FIELD_RULES
+from sharpgrpo.model_card import strategy_card_section
+from sharpgrpo.strategies import STRATEGIES
+from sharpgrpo.strategy_params import StrategyParams
+
+
+def make(tmp_path, **kwargs):
+    return SharpGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **kwargs)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_declared_params_are_config_fields(name):
+    config_fields = {f.name for f in fields(SharpGRPOConfig)}
+    params = STRATEGIES.get(name).params
+    assert len(set(params)) == len(params)
+    assert set(params) <= config_fields, f"{name}: {sorted(set(params) - config_fields)} are not config fields"
+
+
+def test_every_strategy_parameter_is_read_by_a_strategy_and_ruled():
+    declared = {param for name in STRATEGIES for param in STRATEGIES.get(name).params}
+    for field in fields(StrategyParams):
+        assert field.name in declared, f"{field.name}: no registered strategy lists it in `params`"
+        assert field.name in FIELD_RULES
+        assert field.metadata["help"]
+
+
+def test_config_inherits_the_strategy_parameters(tmp_path):
+    config, params = make(tmp_path), StrategyParams()
+    for field in fields(StrategyParams):
+        assert getattr(config, field.name) == getattr(params, field.name)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_model_card_lists_the_declared_params(tmp_path, name):
+    config = make(tmp_path, thr_p=-0.2, passk_k=2, cw_scope="batch")
+    config.strategies = [name]
+    line = next(line for line in strategy_card_section(config).splitlines() if line.startswith(f"- **`{name}`**"))
+    listed = line.split("(", 1)[1].split(")", 1)[0]
+    expected = ", ".join(f"`{f}={getattr(config, f)!r}`" for f in STRATEGIES.get(name).params)
+    assert listed == (expected or "no parameters")
