@@ -133,6 +133,17 @@ def kl_penalty(
 WINDOW_NORMALISED_LOSS_TYPES = ("dapo", "cispo", "vespo")
 
 
+def window_token_share(num_items_in_batch: torch.Tensor, num_processes: int, accumulation_steps: int | None = None,
+                       steps_per_generation: int = 1) -> torch.Tensor:
+    """This process's share of the loss tokens of an accumulation window, the divisor of the window-normalised loss
+    types (TRL 1.16). TRL's ``num_items_in_batch`` counts a generation batch's tokens over all processes; in training
+    (``accumulation_steps`` given) a window is ``accumulation_steps / steps_per_generation`` of that batch."""
+    share = num_items_in_batch.clamp(min=1.0) / num_processes
+    if accumulation_steps is not None:
+        share = share * accumulation_steps / steps_per_generation
+    return share
+
+
 def aggregate_loss(
     per_token_loss: torch.Tensor,
     mask: torch.Tensor,

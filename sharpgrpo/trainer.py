@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from trl import GRPOTrainer
@@ -49,6 +49,7 @@ from sharpgrpo.losses import (
     kl_penalty,
     log_importance_weights,
     weighted_policy_surrogate,
+    window_token_share,
 )
 from sharpgrpo.model_card import strategy_card_section, trl_paper, write_model_card
 from sharpgrpo.policy_inputs import Policy, causal_lm, prompt_completion
@@ -68,7 +69,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     Takes the same arguments as ``GRPOTrainer``; ``args`` must be a [`SharpGRPOConfig`].
     """
 
-    _tag_names = ["trl", "grpo", "sharpgrpo"]
+    _tag_names: ClassVar[list[str]] = ["trl", "grpo", "sharpgrpo"]
     base_model_name: str | None = None  # the model card's base model where TRL sees only a local folder
     _name = "SharpGRPO"
 
@@ -95,9 +96,6 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_mode == "colocate":
             seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)
-        # The last advantage strategy may act inside the loss instead of at generation (AR, on-policy).
-        self._generation_strategies, self._folded = split_folded(self.advantage_strategies,
-                                                                 self._trl_computes_old_logps())
 
     @property
     def _rollout_inputs(self) -> list[dict[str, Any]] | None:
@@ -140,7 +138,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
                             self._generation_count)
         self._generation_count += 1
-        if self._generation_strategies:
+        if self._generation_strategies():
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
         return output
 
@@ -151,10 +149,17 @@ class SharpGRPOTrainer(GRPOTrainer):
             self.use_vllm and self.vllm_importance_sampling_correction
         )
 
+    def _folded_strategy(self) -> AdvantageStrategy | None:
+        """The advantage strategy applied in the loss instead of at generation (AR, on-policy), or None."""
+        return split_folded(self.advantage_strategies, self._trl_computes_old_logps())[1]
+
+    def _generation_strategies(self) -> list[AdvantageStrategy]:
+        return split_folded(self.advantage_strategies, self._trl_computes_old_logps())[0]
+
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation, with the sampling log-probabilities and last hidden states read from transformers'
         ``generate`` when a strategy needs them (`sharpgrpo.generation_capture`; no second forward)."""
-        strategies = self._generation_strategies
+        strategies = self._generation_strategies()
         logps = any(s.needs_old_logps for s in strategies) and not self._trl_computes_old_logps()
         hidden = any(s.needs_hidden_states for s in strategies)
         generate = partial(super()._generate_single_turn, prompt_ids, images, multimodal_fields, num_generations,
@@ -189,7 +194,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies do not support multimodal inputs.")
         if output["advantages"].dim() != 1:
             raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
-        record, strategies, policy = self._generation, self._generation_strategies, self._policy()
+        record, strategies, policy = self._generation, self._generation_strategies(), self._policy()
         captured, record.captured = record.captured, {}  # this batch's decoding-step values are read once
         local_rows, local_length = output["completion_ids"].shape
         captured = {k: fit_width(v, local_length) for k, v in captured.items() if v.shape[0] == local_rows}
@@ -240,7 +245,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
-        folded = self._folded
+        folded = self._folded_strategy()
         if folded is not None:  # e.g. AR-Lopti: p_old = the loss's own detached probabilities (on-policy)
             loss_factor = folded.loss_factor(per_token_logps.detach())
             advantages = loss_factor * advantages
@@ -289,10 +294,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         window_tokens = None
-        if self.loss_type in WINDOW_NORMALISED_LOSS_TYPES:  # the accumulation window's tokens on this process
-            window_tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                window_tokens = window_tokens * self.current_gradient_accumulation_steps / args.steps_per_generation
+        if self.loss_type in WINDOW_NORMALISED_LOSS_TYPES:
+            window_tokens = window_token_share(inputs["num_items_in_batch"], self.accelerator.num_processes,
+                                               *((accumulation, args.steps_per_generation) if mode == "train" else ()))
         loss, policy_loss = aggregate_loss(per_token_loss, mask, self.loss_type, accumulation_steps=accumulation,
                                            window_tokens=window_tokens,
                                            max_completion_length=self.max_completion_length)

@@ -11,10 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer, policy_inputs
 from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
-from sharpgrpo import policy_inputs
 from sharpgrpo.strategies.probability_shaping import ar_token_advantages
 
 LOGP_ATOL = 2e-5
@@ -136,7 +135,7 @@ def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
     """On-policy `ar` as a loss factor from the loss's own log-probabilities equals AR applied at generation with
     old log-probabilities from a forward (loss and gradients)."""
     trainer = make_trainer(tiny_model_path, tmp_path, strategies=["passk_mixed", "ar"], passk_k=2)
-    assert trainer._folded is trainer.advantage_strategies[-1]
+    assert trainer._folded_strategy() is trainer.advantage_strategies[-1]
     inputs = generate(trainer, capture=True)
     advantages = inputs["advantages"]
     assert torch.equal(advantages, advantages[:, :1].expand_as(advantages))  # ar is left to the loss
@@ -147,7 +146,7 @@ def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
 
     def loss_and_grads(batch, fold):
         trainer.model.zero_grad()
-        trainer._folded = trainer.advantage_strategies[-1] if fold else None
+        trainer._folded_strategy = (lambda: trainer.advantage_strategies[-1]) if fold else (lambda: None)
         loss = trainer._compute_loss(trainer.model, batch)
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]

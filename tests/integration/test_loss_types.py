@@ -61,7 +61,7 @@ def test_loss_type_grid(grid_trainer, strategy):
     torch.manual_seed(0)
     inputs = trainer._generate_and_score_completions(rows)
     assert inputs["advantages"].abs().max() > 0, "no group had mixed rewards"
-    if instance.kind == "advantage" and trainer._folded is None:  # on-policy `ar` acts in the loss instead
+    if instance.kind == "advantage" and trainer._folded_strategy() is None:  # on-policy `ar` acts in the loss instead
         assert inputs["advantages"].shape == inputs["completion_ids"].shape  # token advantages
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.model.train()
