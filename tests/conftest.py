@@ -1,4 +1,8 @@
-"""Shared fixtures: offline Hub settings and the tiny model built once per test session."""
+"""Shared fixtures: offline Hub settings and the tiny model built once per test session.
+
+Configs and trainers come from ``helpers.py`` beside this file (``cpu_config``, ``tiny_config``, ``make_trainer``);
+pytest puts this folder on ``sys.path`` when it loads this conftest, so every test imports ``helpers`` directly.
+"""
 
 import os
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cpu_config
 from trl import ModelConfig
 
 from sharpgrpo import SharpGRPOConfig
@@ -119,7 +120,7 @@ def test_a_strategy_module_that_raises_on_import_names_the_field(tmp_path, monke
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"^strategies=\['broken_strategy.Thing'\]: Importing module "
                        r"'broken_strategy' for 'broken_strategy.Thing' raised RuntimeError: no GPU here"):  # fmt: skip
-        SharpGRPOConfig(output_dir=str(tmp_path / "run"), strategies="broken_strategy.Thing", use_cpu=True, bf16=False)
+        cpu_config(tmp_path / "run", strategies="broken_strategy.Thing")
 
 
 def test_env_block_is_applied_before_transformers_and_the_hub_client_import(tmp_path):

@@ -9,18 +9,15 @@ relative (hidden states). In bf16 the same comparison differs by about 1e-2.
 
 import pytest
 import torch
+from helpers import binary_letters_reward, cpu_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer, policy_inputs
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+from sharpgrpo import policy_inputs
+from sharpgrpo.demo import demo_dataset
 from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 from sharpgrpo.strategies.probability_shaping import ar_token_advantages
 
 LOGP_ATOL = 2e-5
-
-
-def binary_reward(prompts, completions, allowed, **kwargs):
-    return [float(r >= 0.5) for r in allowed_letters_reward(prompts, completions, allowed)]
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +80,11 @@ def test_capture_refuses_a_mismatched_step_count(tiny):
         capture.result([[1, 2, 3, 4, 5]])
 
 
-def make_trainer(model_path, output_dir, **kwargs):
-    args = SharpGRPOConfig(
-        output_dir=str(output_dir), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=16,
-        num_generations=8, max_completion_length=8, temperature=0.8, seed=0, **kwargs,
-    )
-    trainer = SharpGRPOTrainer(
-        model=model_path, reward_funcs=[binary_reward], args=args, train_dataset=demo_dataset(16),
-        processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+def sampling_trainer(model_path, output_dir, **kwargs):
+    """Two groups of 8 completions of 8 tokens at temperature 0.8, binary rewards; the model in training mode."""
+    args = cpu_config(output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
+                      temperature=0.8, seed=0, **kwargs)
+    trainer = make_trainer(model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
     trainer.model.train()
     return trainer
 
@@ -107,7 +100,7 @@ def test_trainer_strategies_without_extra_forward_match_forward_path(tiny_model_
     """cw_grpo, then thr, on one generation batch: token advantages with captured log-probabilities / hidden states
     equal those of the previous forward-based path (same completions), within the KV-cache rounding; the forward
     passes are not called when capturing."""
-    trainer = make_trainer(tiny_model_path, tmp_path, strategies=["cw_grpo", "thr"])
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["cw_grpo", "thr"])
     reference = generate(trainer, capture=False)
     calls = []
     original = trainer._sampling_logps
@@ -124,7 +117,7 @@ def test_trainer_strategies_without_extra_forward_match_forward_path(tiny_model_
 
 def test_thr_fallback_forward_serves_log_probabilities(tiny_model_path, tmp_path, monkeypatch):
     """Without capture (the vLLM case), cw_grpo + thr run one backbone forward and no log-probability forward."""
-    trainer = make_trainer(tiny_model_path, tmp_path, strategies=["cw_grpo", "thr"])
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["cw_grpo", "thr"])
     with_forward = generate(trainer, capture=False)
     monkeypatch.setattr(trainer, "_sampling_logps", lambda output: pytest.fail("second forward"))
     fallback = generate(trainer, capture=False)
@@ -134,7 +127,7 @@ def test_thr_fallback_forward_serves_log_probabilities(tiny_model_path, tmp_path
 def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
     """On-policy `ar` as a loss factor from the loss's own log-probabilities equals AR applied at generation with
     old log-probabilities from a forward (loss and gradients)."""
-    trainer = make_trainer(tiny_model_path, tmp_path, strategies=["passk_mixed", "ar"], passk_k=2)
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["passk_mixed", "ar"], passk_k=2)
     assert trainer._folded_strategy() is trainer.advantage_strategies[-1]
     inputs = generate(trainer, capture=True)
     advantages = inputs["advantages"]
@@ -169,7 +162,7 @@ def test_vllm_sampling_log_probabilities_are_used_without_forward(tiny_model_pat
     computed no old ones, cw_grpo uses them: no forward, and the same advantages as from the forward's values."""
     from trl import GRPOTrainer
 
-    trainer = make_trainer(tiny_model_path, tmp_path, strategies="cw_grpo", generation_capture=False)
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies="cw_grpo", generation_capture=False)
     torch.manual_seed(3)
     output = GRPOTrainer._generate_and_score_completions(trainer, [demo_dataset(16)[i // 8] for i in range(16)])
     output["group_ids"] = torch.arange(16) // 8

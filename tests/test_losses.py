@@ -44,7 +44,7 @@ def inputs(seed, sequence_ratio, token_advantages):
 
 
 PLACEMENTS = [(loss_type, "loss") for loss_type in LOSS_TYPES] + [
-    (loss_type, "ratio") for loss_type in RATIO_PLACEMENT_LOSS_TYPES  # the others refuse it (tests/test_config.py)
+    (loss_type, "ratio") for loss_type in RATIO_PLACEMENT_LOSS_TYPES  # the others refuse it (tests/test_config_fields.py)
 ]
 
 

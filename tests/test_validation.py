@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import CPU, cpu_config
 from trl import ModelConfig, TrlParser
 
 from sharpgrpo import SharpGRPOConfig
@@ -22,10 +23,6 @@ from sharpgrpo.validation import ConfigError, between, integer, one_of, parse_st
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CONFIG = str(REPO / "configs" / "demo.yaml")
 nan, inf = math.nan, math.inf
-
-
-def make(tmp_path, **kwargs):
-    return SharpGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **kwargs)
 
 
 # (config fields, field named first in the message, expected fragment)
@@ -91,7 +88,7 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize(("kwargs", "field", "fragment"), BAD_CONFIGS, ids=lambda x: str(x)[:40])
 def test_bad_config_value_is_one_line_naming_the_field(tmp_path, kwargs, field, fragment):
     with pytest.raises(ConfigError) as info:
-        make(tmp_path, **kwargs)
+        cpu_config(tmp_path, **kwargs)
     message = str(info.value)
     assert message.startswith(f"{field}=") or message.startswith(f"{field}["), message
     assert fragment in message
@@ -105,7 +102,7 @@ def test_bad_config_value_is_one_line_naming_the_field(tmp_path, kwargs, field, 
 )
 def test_strategies_every_written_form(tmp_path, value):
     assert parse_strategy_names(value) == ["grpo_sg", "cw_grpo"]
-    assert make(tmp_path, strategies=value).strategies == ["grpo_sg", "cw_grpo"]
+    assert cpu_config(tmp_path, strategies=value).strategies == ["grpo_sg", "cw_grpo"]
 
 
 def test_every_field_of_ours_has_a_rule():
@@ -131,17 +128,17 @@ def test_rules_describe_their_range_and_accept_their_edges():
 
 
 def test_valid_edge_values_are_accepted(tmp_path):
-    args = make(tmp_path, thr_p=-1.0, ar_alpha=0.0, beta=0.0, max_steps=-1, cw_sigma_eps=0.0, sg_lower=1.4)
+    args = cpu_config(tmp_path, thr_p=-1.0, ar_alpha=0.0, beta=0.0, max_steps=-1, cw_sigma_eps=0.0, sg_lower=1.4)
     assert (args.thr_p, args.max_steps, args.sg_lower, args.sg_upper) == (-1.0, -1, 1.4, 1.4)
 
 
 def test_values_trl_runs_with_are_accepted(tmp_path):
     """what TRL 1.16 accepts and runs with stays accepted unless the README says why."""
-    assert make(tmp_path, max_grad_norm=-1.0).max_grad_norm == -1.0  # <= 0 disables clipping in transformers
-    assert make(tmp_path, max_grad_norm=0.0).max_grad_norm == 0.0
-    assert make(tmp_path, num_train_epochs=0, max_steps=5).max_steps == 5  # epochs are ignored with max_steps > 0
+    assert cpu_config(tmp_path, max_grad_norm=-1.0).max_grad_norm == -1.0  # <= 0 disables clipping in transformers
+    assert cpu_config(tmp_path, max_grad_norm=0.0).max_grad_norm == 0.0
+    assert cpu_config(tmp_path, num_train_epochs=0, max_steps=5).max_steps == 5  # epochs are ignored with max_steps > 0
     with pytest.raises(ConfigError, match="num_train_epochs=0 with max_steps=-1"):
-        make(tmp_path, num_train_epochs=0, max_steps=-1)
+        cpu_config(tmp_path, num_train_epochs=0, max_steps=-1)
 
 
 def _readme_section(title):
@@ -161,9 +158,9 @@ def test_every_rule_stricter_than_trl_is_explained_in_the_readme(tmp_path):
     assert sorted(f for f in TRL_FIELD_RULES if f"`{f}`" not in section) == []
     for field, value in [("max_steps", 0), ("top_k", -1), ("max_completion_length", None), ("temperature", 0.0),
                          ("learning_rate", -1e-6), ("seed", -1)]:
-        GRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **{field: value})
+        GRPOConfig(output_dir=str(tmp_path), **CPU, **{field: value})
         with pytest.raises(ConfigError, match=f"^{field}="):
-            make(tmp_path, **{field: value})
+            cpu_config(tmp_path, **{field: value})
 
 
 # ---------------------------------------------------------------------------------------------------------------

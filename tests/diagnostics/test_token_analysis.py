@@ -127,22 +127,16 @@ def test_display_token():
 @pytest.fixture(scope="module")
 def reverse_run(tiny_model_path, tmp_path_factory):
     """A real two-step run with a non-default temperature, sg_tau and strategy, saving its completions."""
-    from transformers import AutoTokenizer
+    from helpers import cpu_config, make_trainer
 
-    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-    from sharpgrpo.demo import allowed_letters_reward
     from sharpgrpo.run_output import CompletionsCallback
 
     output_dir = tmp_path_factory.mktemp("reverse_run")
-    args = SharpGRPOConfig(
-        output_dir=str(output_dir), strategies=["reverse"], temperature=0.7, sg_tau=0.2, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, report_to=[], bf16=False,
-        use_cpu=True, save_strategy="no", seed=0,
+    args = cpu_config(
+        output_dir, strategies=["reverse"], temperature=0.7, sg_tau=0.2, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, save_strategy="no", seed=0,
     )  # fmt: skip
-    trainer = SharpGRPOTrainer(
-        model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args, train_dataset=demo_dataset(32),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
-    )  # fmt: skip
+    trainer = make_trainer(tiny_model_path, args, train_dataset=32)
     trainer.add_callback(CompletionsCallback(trainer))
     trainer.train()
     return output_dir

@@ -3,7 +3,7 @@
 Run in-process (``run_case``) for the 1-process reference, and as a script under ``accelerate launch`` for the
 multi-process runs of tests/integration/test_multiprocess.py::
 
-    accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 2 --mixed_precision no \
+    PYTHONPATH=tests accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 2 --mixed_precision no \
         tests/integration/_launch_worker.py --model MODEL_DIR --output_dir OUT \
         --cases '[{"strategies": "cw_grpo", "per_device_train_batch_size": 6}]'
 
@@ -33,9 +33,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from helpers import cpu_config, make_trainer  # tests/ is on PYTHONPATH under accelerate launch
 
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer  # noqa: E402
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset  # noqa: E402
 
 # Strategy metrics compared across process counts (besides loss, grad_norm and reward).
 COMPARED_PREFIXES = ("cw/", "thr/", "nthr/", "token_weight/", "ar/")
@@ -89,10 +89,6 @@ class RowSeededTrainer(SharpGRPOTrainer):
 
 def build_config(output_dir: str, **overrides) -> SharpGRPOConfig:
     options = dict(
-        output_dir=output_dir,
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
         seed=0,
         per_device_train_batch_size=8,
         num_generations=4,
@@ -111,7 +107,7 @@ def build_config(output_dir: str, **overrides) -> SharpGRPOConfig:
         disable_tqdm=True,
     )
     options.update(overrides)
-    return SharpGRPOConfig(**options)
+    return cpu_config(output_dir, **options)
 
 
 def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, **overrides) -> dict[str, Any]:
@@ -119,19 +115,11 @@ def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, *
 
     ``overrides`` are SharpGRPOConfig fields, plus ``generation="trl"`` for TRL's own sampling (SharpGRPOTrainer)
     and ``resume_from_checkpoint``."""
-    from transformers import AutoTokenizer
-
     if overrides.pop("generation", "row_seeded") == "trl":
         trainer_class = SharpGRPOTrainer
     resume_from_checkpoint = overrides.pop("resume_from_checkpoint", None)
     args = build_config(output_dir, **overrides)
-    trainer = trainer_class(
-        model=model_path,
-        reward_funcs=[allowed_letters_reward],
-        args=args,
-        train_dataset=demo_dataset(64),
-        processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+    trainer = make_trainer(model_path, args, train_dataset=64, trainer_class=trainer_class)
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     log = [entry for entry in trainer.state.log_history if "loss" in entry]
     result = {

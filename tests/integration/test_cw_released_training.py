@@ -2,26 +2,20 @@
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from helpers import make_trainer, tiny_config
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.strategies.covariance import ReleasedCovarianceWeights
 
 pytestmark = pytest.mark.slow
 
 
 def train(model_path, output_dir, **kwargs):
-    args = SharpGRPOConfig(
-        output_dir=str(output_dir), report_to=[], use_cpu=True, bf16=False, strategies="cw_grpo",
-        cw_variant="released", loss_type="grpo", beta=0.04, kl_weighting="none", use_bias_correction_kl=False,
-        per_device_train_batch_size=8, num_generations=8, gradient_accumulation_steps=2, steps_per_generation=1,
-        max_completion_length=8, max_steps=2, learning_rate=1e-3, logging_steps=1, save_strategy="no", seed=0,
-        **kwargs,
+    args = tiny_config(
+        output_dir, strategies="cw_grpo", cw_variant="released", loss_type="grpo", beta=0.04, kl_weighting="none",
+        use_bias_correction_kl=False, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+        steps_per_generation=1, max_steps=2, **kwargs,
     )
-    trainer = SharpGRPOTrainer(model=model_path, reward_funcs=[allowed_letters_reward], args=args,
-                               train_dataset=demo_dataset(64),
-                               processing_class=AutoTokenizer.from_pretrained(model_path))
+    trainer = make_trainer(model_path, args, train_dataset=64)
     assert isinstance(trainer.weight_strategy, ReleasedCovarianceWeights) and not trainer.advantage_strategies
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 import torch
+from helpers import make_trainer, tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset, demo_prompt
+from sharpgrpo.demo import allowed_letters_reward, demo_prompt
 from sharpgrpo.diagnostics.thr_retention import thr_retention
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
 
@@ -49,17 +49,13 @@ def letters_check(prompts, completions, allowed, **kwargs):
 letters_reward.answer_check = letters_check
 
 
-def make_trainer(model_path, output_dir, reward, **kwargs):
-    options = dict(output_dir=str(output_dir), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=16,
-                   num_generations=8, max_completion_length=8, max_steps=1, learning_rate=1e-3, logging_steps=1,
-                   save_strategy="no", seed=0)
-    options.update(kwargs)
-    return SharpGRPOTrainer(model=model_path, reward_funcs=[reward], args=SharpGRPOConfig(**options),
-                            train_dataset=demo_dataset(64), processing_class=AutoTokenizer.from_pretrained(model_path))
+def one_step_trainer(model_path, output_dir, reward, **kwargs):
+    """The tiny model's training config (``tiny_config``) for one step, with ``reward`` alone."""
+    return make_trainer(model_path, tiny_config(output_dir, **{"max_steps": 1, **kwargs}), reward_funcs=[reward])
 
 
 def test_trainer_positive_set_comes_from_the_answer_check(tiny_model_path, tmp_path):
-    trainer = make_trainer(tiny_model_path, tmp_path / "thr", letters_reward, strategies="thr")
+    trainer = one_step_trainer(tiny_model_path, tmp_path / "thr", letters_reward, strategies="thr")
     strategy = trainer.advantage_strategies[0]
     seen = []
     original = strategy.token_advantages
@@ -84,8 +80,8 @@ def test_trainer_positive_set_comes_from_the_answer_check(tiny_model_path, tmp_p
 def test_random_strategy_run_is_bit_identical_with_the_probe(tiny_model_path, tmp_path):
     runs = {}
     for probe in (0, 1):
-        trainer = make_trainer(tiny_model_path, tmp_path / f"probe{probe}", allowed_letters_reward,
-                               strategies="random", max_steps=3, sharpness_probe_steps=probe)
+        trainer = one_step_trainer(tiny_model_path, tmp_path / f"probe{probe}", allowed_letters_reward,
+                                   strategies="random", max_steps=3, sharpness_probe_steps=probe)
         trainer.train()
         logs = [entry for entry in trainer.state.log_history if "loss" in entry]
         runs[probe] = (logs, {n: p.detach().clone() for n, p in trainer.model.named_parameters()},

@@ -18,26 +18,18 @@ from pathlib import Path
 
 import pytest
 from _launch_worker import build_config
+from helpers import make_trainer
 
 from sharpgrpo import SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 
 pytestmark = pytest.mark.slow
 
 HUB_ID = "sharpgrpo-tests/tiny-grpo-sg"
 
 
-def make_trainer(model_path: str, output_dir: Path, **overrides) -> SharpGRPOTrainer:
-    from transformers import AutoTokenizer
-
-    args = build_config(str(output_dir), **overrides)
-    return SharpGRPOTrainer(
-        model=model_path,
-        reward_funcs=[allowed_letters_reward],
-        args=args,
-        train_dataset=demo_dataset(32),
-        processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+def make_hub_trainer(model_path: str, output_dir: Path, **overrides) -> SharpGRPOTrainer:
+    """The multi-process worker's config (``build_config``) on 32 demo prompts."""
+    return make_trainer(model_path, build_config(str(output_dir), **overrides), train_dataset=32)
 
 
 def files_to_upload(folder: Path) -> set[str]:
@@ -52,7 +44,7 @@ def test_push_to_hub_folder_and_card(tiny_model_path, tmp_path):
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     output_dir = tmp_path / "out"
-    trainer = make_trainer(
+    trainer = make_hub_trainer(
         tiny_model_path, output_dir, strategies="grpo_sg", max_steps=2, save_strategy="steps", save_steps=2,
         hub_model_id=HUB_ID, hub_strategy="checkpoint", sg_upper=1.3,
     )
@@ -92,11 +84,11 @@ def test_push_to_hub_true_fails_at_construction_offline(tiny_model_path, tmp_pat
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     with pytest.raises(OfflineModeIsEnabled, match="api/repos/create"):
-        make_trainer(tiny_model_path, tmp_path / "out", strategies="cw_grpo", push_to_hub=True, hub_model_id=HUB_ID)
+        make_hub_trainer(tiny_model_path, tmp_path / "out", strategies="cw_grpo", push_to_hub=True, hub_model_id=HUB_ID)
 
 
 def test_model_card_names_every_strategy(tiny_model_path, tmp_path):
-    trainer = make_trainer(tiny_model_path, tmp_path / "out", strategies=["grpo_sg", "cw_grpo"], thr_p=-0.1)
+    trainer = make_hub_trainer(tiny_model_path, tmp_path / "out", strategies=["grpo_sg", "cw_grpo"], thr_p=-0.1)
     trainer.create_model_card()
     card = (tmp_path / "out" / "README.md").read_text()
     assert "**`cw_grpo`**" in card and "`cw_scope='group'`" in card and "`cw_sigma_eps=1e-08`" in card

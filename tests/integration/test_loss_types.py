@@ -11,10 +11,8 @@ import math
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from helpers import binary_letters_reward, make_trainer, tiny_config
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.strategies import STRATEGIES
 
 # Placement per loss type: `ratio` where it is defined (README), so both placements are exercised.
@@ -23,29 +21,15 @@ PLACEMENT = {"dapo": "loss", "grpo": "ratio", "bnpo": "loss", "dr_grpo": "ratio"
 ALL_STRATEGIES = ["equal", "grpo_sg", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed"]
 
 
-def binary_letters_reward(prompts, completions, allowed, **kwargs):
-    return [float(r >= 0.5) for r in allowed_letters_reward(prompts, completions, allowed)]
-
-
-def make_trainer(model_path, output_dir, **kwargs):
-    options = dict(
-        output_dir=str(output_dir), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=16,
-        num_generations=8, max_completion_length=8, learning_rate=1e-3, logging_steps=1, save_strategy="no", seed=0,
-    )
-    options.update(kwargs)
-    return SharpGRPOTrainer(
-        model=model_path,
-        reward_funcs=[binary_letters_reward],
-        args=SharpGRPOConfig(**options),
-        train_dataset=demo_dataset(64),
-        processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+def binary_reward_trainer(model_path, output_dir, **kwargs):
+    """The tiny model's training config (``tiny_config``) with ``binary_letters_reward``."""
+    return make_trainer(model_path, tiny_config(output_dir, **kwargs), reward_funcs=[binary_letters_reward])
 
 
 @pytest.fixture(scope="module")
 def grid_trainer(tiny_model_path, tmp_path_factory):
-    trainer = make_trainer(tiny_model_path, tmp_path_factory.mktemp("grid"), strategies="equal", loss_type="cispo",
-                           epsilon_high=5.0, weight_placement="loss")
+    trainer = binary_reward_trainer(tiny_model_path, tmp_path_factory.mktemp("grid"), strategies="equal",
+                                    loss_type="cispo", epsilon_high=5.0, weight_placement="loss")
     trainer.current_gradient_accumulation_steps = 1
     return trainer
 
@@ -99,8 +83,8 @@ def test_loss_type_grid(grid_trainer, strategy):
     ids=["cispo-grpo_sg-ratio-static_entropy", "vespo-grpo_sg+cw_grpo-loss-adaptive_entropy"],
 )
 def test_representative_combinations_train(tiny_model_path, tmp_path, options):
-    trainer = make_trainer(tiny_model_path, tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=2,
-                           max_steps=2, **options)
+    trainer = binary_reward_trainer(tiny_model_path, tmp_path, per_device_train_batch_size=8,
+                                    gradient_accumulation_steps=2, max_steps=2, **options)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
@@ -121,9 +105,9 @@ def test_sharpness_probe_leaves_adaptive_entropy_control_alone(tiny_model_path, 
     measured entropy and same losses as the run without the probe."""
     options = dict(strategies="grpo_sg", loss_type="sapo", weight_placement="ratio", use_adaptive_entropy=True,
                    entropy_coef=0.01, entropy_target=100.0, max_steps=2)
-    plain = make_trainer(tiny_model_path, tmp_path / "plain", **options)
+    plain = binary_reward_trainer(tiny_model_path, tmp_path / "plain", **options)
     plain.train()
-    probed = make_trainer(tiny_model_path, tmp_path / "probed", sharpness_probe_steps=1, **options)
+    probed = binary_reward_trainer(tiny_model_path, tmp_path / "probed", sharpness_probe_steps=1, **options)
     probed.train()
     plain_logs, probed_logs = ([e for e in t.state.log_history if "loss" in e] for t in (plain, probed))
     assert all("sharpness/ascent_loss_increase" in entry for entry in probed_logs)
@@ -139,6 +123,6 @@ def test_parent_warns_on_sequence_level_with_token_summed_loss(tiny_model_path, 
     import logging
 
     with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_trainer"):
-        make_trainer(tiny_model_path, tmp_path, strategies="equal", weight_placement="loss", loss_type=loss_type,
-                     importance_sampling_level="sequence")
+        binary_reward_trainer(tiny_model_path, tmp_path, strategies="equal", weight_placement="loss",
+                              loss_type=loss_type, importance_sampling_level="sequence")
     assert any(f"the `'{loss_type}'` loss sums per-token" in record.getMessage() for record in caplog.records)

@@ -37,9 +37,10 @@ from pathlib import Path
 import pytest
 import torch
 from _launch_worker import COMPARED_PREFIXES, build_config, run_case
+from helpers import make_trainer
 
 from sharpgrpo import SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+from sharpgrpo.demo import allowed_letters_reward
 from sharpgrpo.vllm_seeding import (
     colocated_vllm_seed,
     refuse_vllm_request_seed,
@@ -81,6 +82,8 @@ def launch(model_path: str, output_dir: Path, cases: list[dict], accelerate_conf
         str(WORKER), "--model", model_path, "--output_dir", str(output_dir), "--cases", json.dumps(cases),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    # The worker imports the tests' helpers.py (as the tests do, from the folder pytest put on sys.path).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
     result = subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"accelerate launch failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return [
@@ -229,13 +232,9 @@ def test_deepspeed_zero_matches_one_process(tiny_model_path, tmp_path, one_proce
 # ----------------------------------------------------------------------------------------------------------------
 # Generation seeding with vLLM
 # ----------------------------------------------------------------------------------------------------------------
-def make_trainer(model_path: str, output_dir: Path, **overrides) -> SharpGRPOTrainer:
-    from transformers import AutoTokenizer
-
-    return SharpGRPOTrainer(
-        model=model_path, reward_funcs=[allowed_letters_reward], args=build_config(str(output_dir), **overrides),
-        train_dataset=demo_dataset(16), processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+def make_launch_trainer(model_path: str, output_dir: Path, **overrides) -> SharpGRPOTrainer:
+    """The worker's config (``build_config``) on 16 demo prompts."""
+    return make_trainer(model_path, build_config(str(output_dir), **overrides), train_dataset=16)
 
 
 def test_colocated_vllm_seed_depends_on_training_seed_and_process():
@@ -260,7 +259,7 @@ def test_colocated_sampling_reseeded_from_training_seed(tiny_model_path, tmp_pat
     trainer reseeds them from `seed`: runs with different seeds sample differently, runs with the same seed alike."""
     draws = {}
     for seed in (0, 1, 1):
-        trainer = make_trainer(tiny_model_path, tmp_path / str(seed), seed=seed)
+        trainer = make_launch_trainer(tiny_model_path, tmp_path / str(seed), seed=seed)
         torch.manual_seed(0)  # what vLLM's start-up does in colocate mode, whatever the training seed
         seed_colocated_vllm(trainer.args, trainer.accelerator.process_index)
         draws.setdefault(seed, []).append(torch.rand(8))
@@ -269,13 +268,13 @@ def test_colocated_sampling_reseeded_from_training_seed(tiny_model_path, tmp_pat
 
 
 def test_server_requests_get_a_seed_per_generation(tiny_model_path, tmp_path):
-    trainer = make_trainer(tiny_model_path, tmp_path / "a", seed=0, generation_kwargs={"top_k": 5})
+    trainer = make_launch_trainer(tiny_model_path, tmp_path / "a", seed=0, generation_kwargs={"top_k": 5})
     first = server_generation_kwargs(trainer.args, trainer._generation_count)
     assert first == {"top_k": 5, "seed": server_request_seed(0, 0)}
     trainer._generation_count += 1
     assert server_generation_kwargs(trainer.args, trainer._generation_count)["seed"] != first["seed"]  # a new seed per generation batch
-    other = make_trainer(tiny_model_path, tmp_path / "b", seed=1)
+    other = make_launch_trainer(tiny_model_path, tmp_path / "b", seed=1)
     assert server_generation_kwargs(other.args, other._generation_count)["seed"] != first["seed"]  # and per training seed
     assert trainer.args.generation_kwargs == {"top_k": 5}  # the user's kwargs are not modified
-    pinned = make_trainer(tiny_model_path, tmp_path / "c", generation_kwargs={"seed": 11})
+    pinned = make_launch_trainer(tiny_model_path, tmp_path / "c", generation_kwargs={"seed": 11})
     assert server_generation_kwargs(pinned.args, pinned._generation_count) == {"seed": 11}  # a seed the user gives is kept

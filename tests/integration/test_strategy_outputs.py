@@ -6,10 +6,8 @@ and the trainer refuses the step with the strategy's configured name and what wa
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from helpers import make_trainer, tiny_config
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy, register_strategy
 
 pytestmark = pytest.mark.slow
@@ -70,15 +68,9 @@ def test_wrong_strategy_output_stops_training_naming_the_strategy(tiny_model_pat
     _register(name, base, fault)
     STRATEGIES.get(name).calls = 0
     strategies = [name] if base is TokenWeightStrategy else ["equal", name]
-    args = SharpGRPOConfig(
-        output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, strategies=strategies,
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=6, max_steps=3,
-        learning_rate=1e-3, logging_steps=1, save_strategy="no", seed=0,
-    )
-    trainer = SharpGRPOTrainer(
-        model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args, train_dataset=demo_dataset(32),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
-    )
+    args = tiny_config(tmp_path, strategies=strategies, per_device_train_batch_size=8, num_generations=4,
+                       max_completion_length=6, max_steps=3)
+    trainer = make_trainer(tiny_model_path, args, train_dataset=32)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     with pytest.raises(ValueError) as info:
         trainer.train()

@@ -6,42 +6,17 @@ groups are mixed (THR reweights only groups with correct and incorrect completio
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from helpers import binary_letters_reward, make_trainer, tiny_config
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.strategies.covariance import covariance_gaussian_weights
 
 pytestmark = pytest.mark.slow
 
 
-def binary_letters_reward(prompts, completions, allowed, **kwargs):
-    return [float(r >= 0.5) for r in allowed_letters_reward(prompts, completions, allowed)]
-
-
-def make_trainer(model_path, output_dir, **kwargs):
-    options = dict(
-        output_dir=str(output_dir),
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        per_device_train_batch_size=16,
-        num_generations=8,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-    )
-    options.update(kwargs)
-    return SharpGRPOTrainer(
-        model=model_path,
-        reward_funcs=[binary_letters_reward],
-        args=SharpGRPOConfig(**options),
-        train_dataset=demo_dataset(64),
-        processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+def binary_reward_trainer(model_path, output_dir, **kwargs):
+    """The tiny model's training config (``tiny_config``) for two steps, with ``binary_letters_reward``."""
+    args = tiny_config(output_dir, **{"max_steps": 2, **kwargs})
+    return make_trainer(model_path, args, reward_funcs=[binary_letters_reward])
 
 
 def train_and_check(trainer):
@@ -82,7 +57,7 @@ STRATEGY_METRICS = {
     ids=lambda s: "+".join(s),
 )
 def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
-    logs = train_and_check(make_trainer(tiny_model_path, tmp_path, strategies=strategies))
+    logs = train_and_check(binary_reward_trainer(tiny_model_path, tmp_path, strategies=strategies))
     for name in strategies:
         for key in STRATEGY_METRICS[name]:
             assert all(key in entry for entry in logs), f"{key} missing"
@@ -98,7 +73,7 @@ def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
 
 @pytest.mark.parametrize("p", [0.1, -0.1])
 def test_thr_exploit_and_explore_train(tiny_model_path, tmp_path, p):
-    trainer = make_trainer(tiny_model_path, tmp_path, strategies="thr", thr_p=p, thr_debug_dump=True)
+    trainer = binary_reward_trainer(tiny_model_path, tmp_path, strategies="thr", thr_p=p, thr_debug_dump=True)
     logs = train_and_check(trainer)
     assert all(0.0 <= entry["thr/frac_retained"] <= 1.0 for entry in logs)
     dumps = sorted((tmp_path / "thr_scores").glob("*.jsonl"))
@@ -125,7 +100,7 @@ class Recorder:
 
 
 def record_cw_run(model_path, output_dir, **kwargs):
-    trainer = make_trainer(model_path, output_dir, strategies="cw_grpo", max_steps=4, **kwargs)
+    trainer = binary_reward_trainer(model_path, output_dir, strategies="cw_grpo", max_steps=4, **kwargs)
     recorder = Recorder(trainer.advantage_strategies[0])
     trainer.advantage_strategies = [recorder]
     trainer.train()
@@ -159,7 +134,7 @@ def test_cw_weights_do_not_depend_on_batching(tiny_model_path, tmp_path, variant
 
 def test_rows_keep_their_group_through_shuffling_and_splitting(tiny_model_path, tmp_path):
     """Every buffered micro-batch row carries its group id and index in the group (TRL shuffles and splits)."""
-    trainer = make_trainer(
+    trainer = binary_reward_trainer(
         tiny_model_path, tmp_path, strategies="grpo_sg", per_device_train_batch_size=4, steps_per_generation=4,
         max_steps=1,
     )
@@ -178,9 +153,9 @@ def test_rows_keep_their_group_through_shuffling_and_splitting(tiny_model_path, 
 def test_sharpness_probe_logs_and_leaves_training_unchanged(tiny_model_path, tmp_path):
     """The probe runs on the current batch every N steps, logs sharpness/*, and restores parameters and random
     streams exactly: the run's losses are those of the same run without the probe."""
-    plain = make_trainer(tiny_model_path, tmp_path / "plain", strategies="grpo_sg", max_steps=3)
+    plain = binary_reward_trainer(tiny_model_path, tmp_path / "plain", strategies="grpo_sg", max_steps=3)
     plain_logs = train_and_check(plain)  # each trainer is built right before it trains, as TRL seeds at build time
-    probed = make_trainer(
+    probed = binary_reward_trainer(
         tiny_model_path, tmp_path / "probed", strategies="grpo_sg", max_steps=3, sharpness_probe_steps=2
     )
     probed_logs = train_and_check(probed)

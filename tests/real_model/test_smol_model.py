@@ -66,8 +66,10 @@ def test_generates_sensible_answers_and_stops_at_end_of_turn(smol_path, smol_tok
 def test_conversational_prompts_train_end_to_end(smol_path, smol_tokenizer, tmp_path):
     """TRL renders the chat template for message prompts, generation ends at <|im_end|>, padding uses the pad id
     and is masked, and the reward sees the assistant's message."""
+    from helpers import cpu_config
+
     from reward_fns import get_reward_function
-    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+    from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.data import load_train_dataset
 
     seen = []
@@ -78,10 +80,9 @@ def test_conversational_prompts_train_end_to_end(smol_path, smol_tokenizer, tmp_
         return addition(prompts, completions, answer)
 
     dataset = load_train_dataset("addition", num_prompts=8, seed=0)
-    args = SharpGRPOConfig(
-        output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=12, max_steps=1, learning_rate=1e-5, logging_steps=1,
-        save_strategy="no", seed=0, temperature=0.7, beta=0.0, strategies=["grpo_sg"],
+    args = cpu_config(
+        tmp_path, per_device_train_batch_size=8, num_generations=4, max_completion_length=12, max_steps=1,
+        learning_rate=1e-5, logging_steps=1, save_strategy="no", seed=0, temperature=0.7, beta=0.0, strategies=["grpo_sg"],
     )  # fmt: skip
     trainer = SharpGRPOTrainer(
         model=smol_path, reward_funcs=[recording_reward], args=args, train_dataset=dataset,

@@ -17,15 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def small_args(output_dir, **overrides):
-    from sharpgrpo import SharpGRPOConfig
+    from helpers import cpu_config
 
     options = dict(
-        output_dir=str(output_dir), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=8, max_steps=2, learning_rate=1e-5, logging_steps=1,
-        save_strategy="no", seed=0, temperature=0.7, beta=0.0,
+        per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2, learning_rate=1e-5,
+        logging_steps=1, save_strategy="no", seed=0, temperature=0.7, beta=0.0,
     )  # fmt: skip
     options.update(overrides)
-    return SharpGRPOConfig(**options)
+    return cpu_config(output_dir, **options)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES.names())

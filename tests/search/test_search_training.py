@@ -26,11 +26,11 @@ def search_model(search_model_path):
 
 
 def make_args(tmp_path, model_path, **overrides):
+    from helpers import cpu_config
     from transformers import AutoTokenizer
     from trl import ModelConfig
 
     import train
-    from sharpgrpo import SharpGRPOConfig
     from sharpgrpo.search.config import SearchArguments
     from sharpgrpo.search.format import make_prompt
 
@@ -43,16 +43,15 @@ def make_args(tmp_path, model_path, **overrides):
     ids = tokenizer.convert_tokens_to_ids(["<search>", "</search>"])
     bias = {(ids[0],): 8.0, (ids[1],): 7.0}
     config = dict(
-        output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        max_steps=2, per_device_train_batch_size=4, num_generations=2, max_completion_length=64, temperature=1.0,
-        learning_rate=1e-3, beta=0.0, loss_type="dapo", logging_steps=1, strategies=["grpo_sg"], seed=0,
+        save_strategy="no", max_steps=2, per_device_train_batch_size=4, num_generations=2, max_completion_length=64,
+        temperature=1.0, learning_rate=1e-3, beta=0.0, loss_type="dapo", logging_steps=1, strategies=["grpo_sg"], seed=0,
         generation_kwargs={"sequence_bias": bias},
     )
     config.update(overrides)
     task = train.TaskArguments(dataset_name=str(data), reward_funcs=["qa_em"], plot=False)
     search = SearchArguments(retrieval_corpus=str(corpus), max_search_turns=2, retrieval_topk=2, max_obs_tokens=24,
                              max_turn_tokens=12, server_start_timeout=60)
-    return task, SharpGRPOConfig(**config), ModelConfig(model_name_or_path=model_path), search
+    return task, cpu_config(tmp_path / "run", **config), ModelConfig(model_name_or_path=model_path), search
 
 
 def test_search_training_logs_metrics_masks_and_stops_server(tmp_path, search_model):

@@ -10,20 +10,13 @@ from sharpgrpo.advantage_pipeline import GenerationRecord
 B, G, T = 8, 4, 10
 
 
-def make_trainer(model_path, output_dir, strategies):
-    from transformers import AutoTokenizer
+def zero_reward_trainer(model_path, output_dir, strategies):
+    from helpers import cpu_config, make_trainer
 
-    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-    from sharpgrpo.demo import demo_dataset
-
-    args = SharpGRPOConfig(
-        output_dir=str(output_dir), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=B,
-        num_generations=G, max_completion_length=T, seed=0, strategies=strategies, thr_p=0.5,
-    )
-    return SharpGRPOTrainer(
-        model=model_path, reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(completions)], args=args,
-        train_dataset=demo_dataset(B), processing_class=AutoTokenizer.from_pretrained(model_path),
-    )
+    args = cpu_config(output_dir, per_device_train_batch_size=B, num_generations=G, max_completion_length=T, seed=0,
+                      strategies=strategies, thr_p=0.5)
+    return make_trainer(model_path, args, reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(completions)],
+                        train_dataset=B)
 
 
 def batch(trainer, seed, tool_values_seed):
@@ -60,7 +53,7 @@ def batch(trainer, seed, tool_values_seed):
 
 @pytest.mark.parametrize("strategies", [["thr"], ["cw_grpo"], ["thr", "cw_grpo"]], ids="+".join)
 def test_retrieved_tokens_do_not_change_advantages(search_model_path, tmp_path, strategies):
-    trainer = make_trainer(search_model_path, tmp_path, strategies)
+    trainer = zero_reward_trainer(search_model_path, tmp_path, strategies)
     with torch.no_grad():
         output, own = batch(trainer, seed=0, tool_values_seed=1)
         reference = trainer._apply_advantage_strategies(output, G, "train")

@@ -15,10 +15,8 @@ import math
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from helpers import cpu_config, make_trainer
 
-from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-from sharpgrpo.demo import allowed_letters_reward, demo_dataset
 from sharpgrpo.strategies.base import STRATEGIES, TokenWeightStrategy
 from sharpgrpo.strategies.covariance import (
     CovarianceWeighting,
@@ -187,13 +185,10 @@ def test_registry_builds_the_released_strategy():
 
 
 def released_config(tmp_path, **overrides):
-    options = dict(
-        output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, strategies="cw_grpo",
-        cw_variant="released", loss_type="grpo", per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=6,
-    )
+    options = dict(strategies="cw_grpo", cw_variant="released", loss_type="grpo", per_device_train_batch_size=8,
+                   num_generations=4, max_completion_length=6)
     options.update(overrides)
-    return SharpGRPOConfig(**options)
+    return cpu_config(tmp_path, **options)
 
 
 @pytest.mark.parametrize(
@@ -235,9 +230,7 @@ def test_trainer_loss_and_gradients_match_the_reference(tiny_model_path, tmp_pat
     rows, prompt, cols = 8, 5, 6
     args = released_config(tmp_path, beta=0.04, kl_weighting="none", use_bias_correction_kl=False,
                            cw_weight_gradient=weight_gradient, max_completion_length=cols)
-    trainer = SharpGRPOTrainer(model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args,
-                               train_dataset=demo_dataset(16),
-                               processing_class=AutoTokenizer.from_pretrained(tiny_model_path))
+    trainer = make_trainer(tiny_model_path, args, train_dataset=16)
     model = trainer.model.double().train()
     gen = torch.Generator().manual_seed(11)
     vocab = model.config.vocab_size

@@ -14,17 +14,13 @@ import warnings
 
 import pytest
 import torch
+from helpers import cpu_config
 
-from sharpgrpo import SharpGRPOConfig
 from sharpgrpo.losses import weighted_policy_surrogate
 from sharpgrpo.strategies import STRATEGIES
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights, ratio_silenced_range
 
 BUILTIN_WEIGHT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse")
-
-
-def make_args(tmp_path, **kwargs):
-    return SharpGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **kwargs)
 
 
 def test_builtin_weight_strategy_list_is_complete():
@@ -51,7 +47,7 @@ def policy_gradient(args, strategy, prob: float, advantage: float, tokens: int =
 def test_confident_token_of_positive_completion_gets_a_gradient(tmp_path, name):
     # The paper configs' clip-higher epsilons (0.20 / 0.24); TRL's symmetric default gives the same signs.
     for overrides in ({}, {"epsilon_high": 0.24}):
-        args = make_args(tmp_path, strategies=name, **overrides)
+        args = cpu_config(tmp_path, strategies=name, **overrides)
         strategy = STRATEGIES.get(name)(args)
         positive = policy_gradient(args, strategy, 0.9, 1.0)
         negative = policy_gradient(args, strategy, 0.9, -1.0)
@@ -62,7 +58,7 @@ def test_confident_token_of_positive_completion_gets_a_gradient(tmp_path, name):
 def test_ratio_placement_silences_the_confident_token(tmp_path):
     """Why `loss` is the default: with `ratio` (Eq. 13 as printed) the same token gets exactly no gradient."""
     with pytest.warns(UserWarning, match=r"p > 0\.211"):
-        args = make_args(tmp_path, strategies="grpo_sg", weight_placement="ratio", epsilon_high=0.24)
+        args = cpu_config(tmp_path, strategies="grpo_sg", weight_placement="ratio", epsilon_high=0.24)
     strategy = STRATEGIES.get("grpo_sg")(args)
     assert torch.equal(policy_gradient(args, strategy, 0.9, 1.0), torch.zeros(1, 256, dtype=torch.float64))
     assert (policy_gradient(args, strategy, 0.15, 1.0) < 0).all()  # w(0.15) < 1.24: below the silenced range
@@ -82,11 +78,11 @@ def test_silenced_range_is_computed_from_the_configuration():
 def test_ratio_warning_only_when_something_is_silenced(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        make_args(tmp_path, strategies="equal", weight_placement="ratio")
-        make_args(tmp_path, strategies="reverse", weight_placement="ratio")
-        make_args(tmp_path, strategies="grpo_sg")  # default placement `loss`
+        cpu_config(tmp_path, strategies="equal", weight_placement="ratio")
+        cpu_config(tmp_path, strategies="reverse", weight_placement="ratio")
+        cpu_config(tmp_path, strategies="grpo_sg")  # default placement `loss`
     with pytest.warns(UserWarning, match=r"random 26\.0% of tokens"):
-        make_args(tmp_path, strategies="random", weight_placement="ratio", epsilon_high=0.24)
+        cpu_config(tmp_path, strategies="random", weight_placement="ratio", epsilon_high=0.24)
 
 
 def coefficient_of_variation(values: torch.Tensor) -> float:

@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
+from helpers import cpu_config
 
-from sharpgrpo import SharpGRPOConfig
 from sharpgrpo.strategies import STRATEGIES
 from sharpgrpo.strategies.probability_shaping import (
     ar_token_advantages,
@@ -19,10 +19,6 @@ DEFAULTS = dict(alpha=2.0, mu=0.25, tau=1 / 9, lower=1.0, upper=1.4)
 def reference_weight(p, alpha, mu, tau, lower, upper):
     value = alpha * (1.0 / (1.0 + math.exp(-p / tau)) - mu)
     return min(max(value, lower), upper)
-
-
-def config(tmp_path, **kwargs):
-    return SharpGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **kwargs)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -56,11 +52,11 @@ def test_printed_tau_is_plain_grpo_and_warns(tmp_path):
     grid = torch.linspace(0, 1, 101, dtype=torch.float64)
     assert torch.all(probability_shaping_weights(grid, 2.0, 0.25, 9.0, 1.0, 1.4) == 1.0)
     with pytest.warns(UserWarning, match=r"constant \(1\.0000\.\.1\.0000\)"):
-        config(tmp_path, sg_tau=9.0)
+        cpu_config(tmp_path, sg_tau=9.0)
 
 
 def test_strategy_classes(tmp_path):
-    args = config(tmp_path)
+    args = cpu_config(tmp_path)
     logps = torch.log(torch.tensor([[1e-6, 0.2, 0.3, 1.0]]))
     mask = torch.ones_like(logps)
     sg = STRATEGIES.get("grpo_sg")(args)
@@ -71,7 +67,7 @@ def test_strategy_classes(tmp_path):
 
 
 def test_random_weights_seeded_bounded_and_resumable(tmp_path):
-    args = config(tmp_path, strategies="random", seed=3)
+    args = cpu_config(tmp_path, strategies="random", seed=3)
     logps = torch.zeros(64, 32)
     first, second = STRATEGIES.get("random")(args), STRATEGIES.get("random")(args)
     state = first.state_dict()
@@ -82,7 +78,7 @@ def test_random_weights_seeded_bounded_and_resumable(tmp_path):
     assert not torch.equal(draws, first.weights(logps, logps))  # the generator advances
     first.load_state_dict(state)
     torch.testing.assert_close(first.weights(logps, logps), draws)  # restored state replays the draws
-    other_seed = STRATEGIES.get("random")(config(tmp_path, strategies="random", random_weight_seed=4))
+    other_seed = STRATEGIES.get("random")(cpu_config(tmp_path, strategies="random", random_weight_seed=4))
     assert not torch.equal(other_seed.weights(logps, logps), draws)
 
 

@@ -1,16 +1,11 @@
 """Config validation happens in SharpGRPOConfig itself, before any model is loaded."""
 
 import pytest
-
-from sharpgrpo import SharpGRPOConfig
-
-
-def make(tmp_path, **kwargs):
-    return SharpGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **kwargs)
+from helpers import cpu_config
 
 
 def test_defaults_follow_methods(tmp_path):
-    args = make(tmp_path)
+    args = cpu_config(tmp_path)
     assert args.strategies == ["grpo_sg"]
     assert (args.sg_alpha, args.sg_mu, args.sg_lower, args.sg_upper) == (2.0, 0.25, 1.0, 1.4)
     assert args.sg_tau == pytest.approx(1 / 9)
@@ -19,9 +14,9 @@ def test_defaults_follow_methods(tmp_path):
 
 
 def test_strategies_accept_string_list_and_comma_form(tmp_path):
-    assert make(tmp_path, strategies="equal").strategies == ["equal"]
-    assert make(tmp_path, strategies="grpo_sg, ar").strategies == ["grpo_sg", "ar"]
-    assert make(tmp_path, strategies=["grpo_sg", "cw_grpo"]).strategies == ["grpo_sg", "cw_grpo"]
+    assert cpu_config(tmp_path, strategies="equal").strategies == ["equal"]
+    assert cpu_config(tmp_path, strategies="grpo_sg, ar").strategies == ["grpo_sg", "ar"]
+    assert cpu_config(tmp_path, strategies=["grpo_sg", "cw_grpo"]).strategies == ["grpo_sg", "cw_grpo"]
 
 
 @pytest.mark.parametrize(
@@ -45,11 +40,11 @@ def test_strategies_accept_string_list_and_comma_form(tmp_path):
 )
 def test_bad_configs_raise_clear_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        make(tmp_path, **kwargs)
+        cpu_config(tmp_path, **kwargs)
 
 
 def test_user_strategy_by_dotted_path(tmp_path):
-    args = make(tmp_path, strategies="sharpgrpo.strategies.probability_shaping.EqualWeights")
+    args = cpu_config(tmp_path, strategies="sharpgrpo.strategies.probability_shaping.EqualWeights")
     assert args.strategies == ["sharpgrpo.strategies.probability_shaping.EqualWeights"]
 
 
@@ -66,8 +61,8 @@ def test_every_trl_loss_type_and_the_entropy_bonus_are_accepted(tmp_path):
     trl_loss_types = set(re.findall(r"'(\w+)'", re.search(r"Supported values are (.*?)\.", trl_help).group(1)))
     assert trl_loss_types == set(SUPPORTED_LOSS_TYPES)
     for loss_type in sorted(trl_loss_types):
-        assert make(tmp_path, loss_type=loss_type, weight_placement="loss", entropy_coef=0.01).loss_type == loss_type
-    adaptive = make(tmp_path, use_adaptive_entropy=True, entropy_target=0.5, weight_placement="loss")
+        assert cpu_config(tmp_path, loss_type=loss_type, weight_placement="loss", entropy_coef=0.01).loss_type == loss_type
+    adaptive = cpu_config(tmp_path, use_adaptive_entropy=True, entropy_target=0.5, weight_placement="loss")
     assert adaptive.use_adaptive_entropy and adaptive.entropy_target == 0.5
 
 
@@ -75,12 +70,12 @@ def test_every_trl_loss_type_and_the_entropy_bonus_are_accepted(tmp_path):
 def test_ratio_placement_refused_for_vespo_naming_both_fields(tmp_path, strategies):
     """VESPO's gamma weight acts on a whole sequence's ratio: a token weight has no ratio to scale (README)."""
     with pytest.raises(ValueError, match=r"weight_placement=ratio: not defined for loss_type=vespo"):
-        make(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="ratio")
-    assert make(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="loss").loss_type == "vespo"
+        cpu_config(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="ratio")
+    assert cpu_config(tmp_path, strategies=strategies, loss_type="vespo", weight_placement="loss").loss_type == "vespo"
     for loss_type in ("cispo", "sapo", "luspo"):  # these have a per-token (or GSPO sequence) ratio to weight
-        assert make(tmp_path, strategies=strategies, loss_type=loss_type, weight_placement="ratio")
+        assert cpu_config(tmp_path, strategies=strategies, loss_type=loss_type, weight_placement="ratio")
 
 
 def test_ratio_placement_irrelevant_without_a_weight_strategy(tmp_path):
-    args = make(tmp_path, strategies="cw_grpo", loss_type="vespo", weight_placement="ratio")
+    args = cpu_config(tmp_path, strategies="cw_grpo", loss_type="vespo", weight_placement="ratio")
     assert args.strategies == ["cw_grpo"]

@@ -1,5 +1,5 @@
-"""Audit: the search demo config passes train.py's pre-model checks, search_qa's backend choice, the eval's
-episode limits from the run, and episodes ending at any of TRL's EOS ids."""
+"""Search runs' settings reach where they act: the search demo config passes train.py's pre-model checks,
+search_qa's backend choice, the eval's episode limits from the run, and episodes ending at any of TRL's EOS ids."""
 
 import json
 import os
