@@ -192,7 +192,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     if trainer.is_world_process_zero():
         trainer.create_model_card(dataset_name=task.dataset_name)
         if task.plot:
-            from sharpgrpo.plot import plot_training_curves
+            from sharpgrpo.diagnostics.curve_plots import plot_training_curves
 
             output_dir = training_args.output_dir
             plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
@@ -207,7 +207,7 @@ def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
     """After a stop: every step's logs (output_dir/trainer_state.json) and the curves so far."""
     trainer.save_state()
     if trainer.is_world_process_zero() and task.plot and trainer.state.log_history:
-        from sharpgrpo.plot import plot_training_curves
+        from sharpgrpo.diagnostics.curve_plots import plot_training_curves
 
         output_dir = trainer.args.output_dir
         plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))

@@ -3,7 +3,7 @@
 A prepared model is built (or fetched and converted) once into the cache (``$SHARPGRPO_CACHE``, default
 ``~/.cache/sharpgrpo``) and from then on loaded like any local checkpoint, with the ordinary
 ``from_pretrained(path)``. Its name is accepted wherever a model name or path is: ``train.py``,
-``sharpgrpo.eval``, the diagnostics. A module adds one with ``@register_prepared_model("name")`` on a function
+``sharpgrpo eval``, the diagnostics. A module adds one with ``@register_prepared_model("name")`` on a function
 ``builder(cache_dir: Path) -> Path`` that returns the prepared directory (reusing an earlier build).
 """
 

@@ -6,7 +6,7 @@ synthetic text in the demo task's format (see ``sharpgrpo.demo``), and saves bot
 the ordinary ``AutoModelForCausalLM.from_pretrained(path)`` loads them, exactly as a hub model would be loaded.
 
 The name ``TINY_MODEL_NAME`` ("sharpgrpo-tiny") is accepted wherever a model name or path is expected by
-``train.py`` and ``sharpgrpo.eval``: it resolves to a cached build under ``$SHARPGRPO_CACHE`` (default
+``train.py`` and ``sharpgrpo eval``: it resolves to a cached build under ``$SHARPGRPO_CACHE`` (default
 ``~/.cache/sharpgrpo``), registered in :mod:`sharpgrpo.prepared_models`.
 """
 

@@ -300,7 +300,7 @@ def test_debug_flag_or_variable_keeps_the_traceback(monkeypatch, capsys):
 
 @pytest.mark.parametrize("text", ['{"log_history": [{"step": 1, "loss": 0.5}', "[1, 2]", "\x00\xff"])
 def test_plot_names_a_corrupt_trainer_state(tmp_path, text):
-    from sharpgrpo.plot import main as plot_main
+    from sharpgrpo.cli.plot import main as plot_main
 
     state = tmp_path / "run" / "trainer_state.json"
     state.parent.mkdir()

@@ -3,7 +3,9 @@
 Each subcommand runs its module exactly as ``python -m MODULE ARGS...`` would (``runpy``, as ``__main__``), so
 arguments, exit codes and one-line errors are the module's own; ``sharpgrpo SUBCOMMAND --help`` shows its options.
 ``train`` runs ``train.py`` of the source checkout that this package was installed from (``pip install -e .``), the
-readable top-level training script.
+readable top-level training script; ``eval``, ``compare``, ``plot`` and ``serve`` are the modules beside this one
+(``sharpgrpo.cli.eval`` ...), ``tokens`` is ``sharpgrpo.diagnostics.tokens``. ``python -m sharpgrpo SUBCOMMAND`` is
+the same as ``sharpgrpo SUBCOMMAND``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from pathlib import Path
 # subcommand -> (module run as __main__, what it does)
 COMMANDS = {
     "train": ("train.py", "train with a YAML config (train.py)"),
-    "eval": ("sharpgrpo.eval", "evaluate a model or a run on a task (K&K, math, QA, search QA, ...)"),
-    "compare": ("sharpgrpo.compare", "train every (strategy, seed) of one config and compare them"),
-    "plot": ("sharpgrpo.plot", "plot runs' training curves and grad-norm variability"),
+    "eval": ("sharpgrpo.cli.eval", "evaluate a model or a run on a task (K&K, math, QA, search QA, ...)"),
+    "compare": ("sharpgrpo.cli.compare", "train every (strategy, seed) of one config and compare them"),
+    "plot": ("sharpgrpo.cli.plot", "plot runs' training curves and grad-norm variability"),
     "tokens": ("sharpgrpo.diagnostics.tokens", "per-token weights and advantages of a run's completions"),
-    "serve": ("sharpgrpo.search.server", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
+    "serve": ("sharpgrpo.cli.serve", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
 }
 
 

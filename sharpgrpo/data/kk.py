@@ -421,7 +421,7 @@ def shared_kk_path(n_people: int, source: str = "regen") -> Path:
         raise FileNotFoundError(
             f"The shared K&K file {file_names[source]} ({origin}) is not available: put it into "
             "$SHARPGRPO_SHARED_DIR/data/kk/ or shared/data/kk/ beside the repository checkout. Without it, the "
-            "`kk` dataset and `python -m sharpgrpo.eval --task kk` (no --data) use the seeded generator, and "
+            "`kk` dataset and `sharpgrpo eval --task kk` (no --data) use the seeded generator, and "
             "`--data K-and-K/knights-and-knaves` reads the public puzzles from the Hub."
         )
     return path

@@ -57,7 +57,7 @@ RESULT_SETTINGS = (
 
 @dataclass
 class EvalConfig:
-    """Settings of ``python -m sharpgrpo.eval``; every field is a command-line flag of the same name."""
+    """Settings of ``sharpgrpo eval``; every field is a command-line flag of the same name."""
 
     model: str = field(
         metadata={"help": "`sharpgrpo-tiny`, a local model directory, a LoRA adapter directory, or a hub id."}

@@ -1,5 +1,5 @@
 """``SearchArguments``: the options of the agentic search setting, parsed by ``train.py`` beside
-``SharpGRPOConfig`` (TRL's ``TrlParser``) and read by ``sharpgrpo.eval --task search_qa``."""
+``SharpGRPOConfig`` (TRL's ``TrlParser``) and read by ``sharpgrpo eval --task search_qa``."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class SearchArguments:
         default=None,
         metadata={
             "help": "A corpus .jsonl ({id, contents: '\"Title\"\\ntext'} per line, Search-R1's format) that "
-            "train.py/eval index and serve themselves on 127.0.0.1 (`python -m sharpgrpo.search.server`), "
+            "train.py/eval index and serve themselves on 127.0.0.1 (`sharpgrpo serve`), "
             "stopped on exit. `shared:qa` names the shared 9,002-passage corpus (data/qa/corpus.jsonl)."
         },
     )
@@ -124,7 +124,7 @@ class SearchArguments:
 
 
 def save_search_args(search_args: SearchArguments, output_dir: str | Path) -> Path:
-    """Write ``search_args.json`` into the run's output folder: ``sharpgrpo.eval --task search_qa`` reads the episode
+    """Write ``search_args.json`` into the run's output folder: ``sharpgrpo eval --task search_qa`` reads the episode
     limits (``max_obs_tokens``, ``max_turn_tokens``) of the run from it."""
     path = Path(output_dir) / SEARCH_ARGS_JSON
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``--task search_qa`` of ``sharpgrpo.eval``: the training rollout (same episodes, same limits), decoded greedily,
+"""``--task search_qa`` of ``sharpgrpo eval``: the training rollout (same episodes, same limits), decoded greedily,
 against a retrieval server; reports EM, turns and searches per question, and how often the gold answer was retrieved.
 """
 

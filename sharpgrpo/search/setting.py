@@ -15,7 +15,7 @@ from sharpgrpo.settings import register_training_setting
 @contextlib.contextmanager
 def search_training(search_args: SearchArguments, output_dir: str):
     """Yield the search rollout while a retrieval session is up (None when search is off); the run's episode limits
-    are written to ``output_dir/search_args.json`` for ``sharpgrpo.eval --task search_qa``."""
+    are written to ``output_dir/search_args.json`` for ``sharpgrpo eval --task search_qa``."""
     if not search_args.enabled:
         yield None
         return

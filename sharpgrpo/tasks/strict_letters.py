@@ -61,7 +61,7 @@ def register_strict_letters() -> None:
 
 
 def register_strict_letters_eval() -> None:
-    """Register evaluation task ``strict_letters`` for ``python -m sharpgrpo.eval`` (idempotent)."""
+    """Register evaluation task ``strict_letters`` for ``sharpgrpo eval`` (idempotent)."""
     from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem, group_metrics, records_by_group
 
     if "strict_letters" in EVAL_TASKS:

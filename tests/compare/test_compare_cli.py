@@ -1,4 +1,4 @@
-"""``python -m sharpgrpo.compare`` end to end: real train.py runs of the tiny model, Ctrl-C, resume, a crashed run
+"""``sharpgrpo compare`` end to end: real train.py runs of the tiny model, Ctrl-C, resume, a crashed run
 next to runs that complete, and a config file edited between runs."""
 
 import json
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sharpgrpo.compare import MARKER, REPO_ROOT, config_hash, main, parse_strategy
+from sharpgrpo.cli.compare import main
+from sharpgrpo.compare.runs import MARKER, REPO_ROOT, config_hash, parse_strategy
 from sharpgrpo.tasks.strict_letters import strict_letters_correct, strict_letters_reward
 
 
@@ -67,7 +68,7 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
     # process group once equal 0 finished and equal 1 started: the running train.py is stopped, the queued runs never
     # start, the partial report is written, and the command exits with 130 in bounded time.
     process = subprocess.Popen(
-        [sys.executable, "-m", "sharpgrpo.compare", *full, "--jobs", "1", "--stop_grace", "60"],
+        [sys.executable, "-m", "sharpgrpo", "compare", *full, "--jobs", "1", "--stop_grace", "60"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:

@@ -1,4 +1,4 @@
-"""Statistics of sharpgrpo.compare against hand-computed values and float64 loop references."""
+"""Statistics of sharpgrpo compare against hand-computed values and float64 loop references."""
 
 import math
 import random
@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from sharpgrpo.compare_stats import (
+from sharpgrpo.compare.stats import (
     curve_auc,
     curve_band,
     eval_accuracy,

@@ -1,4 +1,4 @@
-"""``python -m sharpgrpo.eval`` sized for the model: the new-token budget defaults to the run's own
+"""``sharpgrpo eval`` sized for the model: the new-token budget defaults to the run's own
 ``max_completion_length`` (``training_args.json``, written by training beside the model and in each checkpoint),
 else the papers' 4096, capped by the model's ``max_position_embeddings``."""
 

@@ -12,7 +12,7 @@ import torch
 
 from reward_fns.kk import kk_correct
 from sharpgrpo.demo import demo_dataset
-from sharpgrpo.eval import main as eval_main
+from sharpgrpo.cli.eval import main as eval_main
 from sharpgrpo.evaluation import EvalConfig, evaluate, output_paths
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator
 from sharpgrpo.evaluation.models import load_model_and_tokenizer
@@ -175,7 +175,7 @@ def test_config_validation():
 
 def test_cli_refuses_a_missing_model_path_with_one_line_before_writing(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHARPGRPO_DEBUG": "0", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "sharpgrpo.eval", "--model", "./no_model", "--task", "kk",
+    command = [sys.executable, "-m", "sharpgrpo", "eval", "--model", "./no_model", "--task", "kk",
                "--output", "out/kk.json"]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1

@@ -1,5 +1,5 @@
 """Every registered strategy trains the real model a step or two with finite metrics; evaluation of the base model and
-of a LoRA adapter trained on it (train.py's LoRA path, then ``sharpgrpo.eval``'s addition task)."""
+of a LoRA adapter trained on it (train.py's LoRA path, then ``sharpgrpo eval``'s addition task)."""
 
 import json
 import math
@@ -56,7 +56,7 @@ def test_every_strategy_trains_with_finite_metrics(smol_path, smol_tokenizer, tm
 
 def test_evaluation_and_lora_on_the_real_model(smol_path, tmp_path):
     """The base model adds well enough greedily; a LoRA adapter trained through train.py is saved as an adapter and
-    evaluated by ``sharpgrpo.eval`` on its base model."""
+    evaluated by ``sharpgrpo eval`` on its base model."""
     import yaml
     from trl import ModelConfig, TrlParser
 

@@ -1,4 +1,4 @@
-"""``sharpgrpo.eval --task search_qa``: the greedy multi-turn rollout against a self-started server, with EM, turns,
+"""``sharpgrpo eval --task search_qa``: the greedy multi-turn rollout against a self-started server, with EM, turns,
 searches and the answer-retrieved share in the result; and the shared set's reproducible split."""
 
 import json

@@ -1,4 +1,4 @@
-"""Our client, training's startup probe and ``sharpgrpo.eval --task search_qa`` against a fake of Search-R1's own
+"""Our client, training's startup probe and ``sharpgrpo eval --task search_qa`` against a fake of Search-R1's own
 retrieval server.
 
 ``SearchR1Server`` reproduces ``search_r1/search/retrieval_server.py`` of Search-R1 (commit a14dc3a):

@@ -100,7 +100,7 @@ def test_bad_corpus_lines_are_named_in_one_line(tmp_path):
 
 
 def run_cli(*args, timeout=60):
-    command = [sys.executable, "-m", "sharpgrpo.search.server", *args]
+    command = [sys.executable, "-m", "sharpgrpo", "serve", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 

@@ -1,14 +1,15 @@
-"""Evaluate a checkpoint as the papers do: ``python -m sharpgrpo.eval --model PATH_OR_ID --task kk|math|qa ...``.
+"""Evaluate a checkpoint as the papers do: ``sharpgrpo eval --model PATH_OR_ID --task kk|math|qa ...``.
 
 Examples::
 
-    python -m sharpgrpo.eval --model sharpgrpo-tiny --task kk --limit 5 --max_new_tokens 64 --output out/kk.json
-    python -m sharpgrpo.eval --model Qwen/Qwen2.5-3B-Instruct --task kk --data shared:logicrl --output out/kk.json
-    python -m sharpgrpo.eval --model runs/grpo_sg/checkpoint-200 --task math --n_samples 16 --output out/math.json
-    python -m sharpgrpo.eval --model runs/lora --merge --task qa --data nq_test.jsonl --output out/qa.json
+    sharpgrpo eval --model sharpgrpo-tiny --task kk --limit 5 --max_new_tokens 64 --output out/kk.json
+    sharpgrpo eval --model Qwen/Qwen2.5-3B-Instruct --task kk --data shared:logicrl --output out/kk.json
+    sharpgrpo eval --model runs/grpo_sg/checkpoint-200 --task math --n_samples 16 --output out/math.json
+    sharpgrpo eval --model runs/lora --merge --task qa --data nq_test.jsonl --output out/qa.json
 
 Writes the JSON result, a markdown table (``.md``) and the per-problem samples (``.samples.jsonl``, which also lets
-an interrupted run resume). The same from Python: ``sharpgrpo.evaluation.evaluate(model=..., task=..., output=...)``.
+an interrupted run resume). The same as ``python -m sharpgrpo eval``; from Python:
+``sharpgrpo.evaluation.evaluate(model=..., task=..., output=...)``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Statistics of a multi-seed comparison (``python -m sharpgrpo.compare``): per-run metrics from a run's logs, the
+"""Statistics of a multi-seed comparison (``sharpgrpo compare``): per-run metrics from a run's logs, the
 mean and Student-t interval over seeds, and the paired difference against a baseline. Pure Python, no scipy.
 
 Per-run metrics (:func:`run_metrics`):
@@ -8,10 +8,10 @@ Per-run metrics (:func:`run_metrics`):
   over training, comparable between runs of different lengths;
 * ``grad_norm_mean`` / ``grad_norm_cv`` / ``grad_norm_spikes``: :func:`sharpgrpo.diagnostics.curves.spike_summary`
   of the logged ``grad_norm`` (the quantity of GRPO-SG Figure 1 / TR-GRPO Figure 3; a spike is a value above
-  ``spike_factor`` x the run's median, as in ``sharpgrpo.plot``);
+  ``spike_factor`` x the run's median, as in ``sharpgrpo plot``);
 * ``final_entropy``: mean policy entropy over the last 10% of logged steps;
 * ``seconds_per_step``: mean logged ``step_time`` (else ``train_runtime`` / steps);
-* ``eval_accuracy`` (and ``eval_pass@k``): from the evaluation JSON of ``sharpgrpo.eval`` when there is one.
+* ``eval_accuracy`` (and ``eval_pass@k``): from the evaluation JSON of ``sharpgrpo eval`` when there is one.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def curve_auc(steps: Sequence[float], values: Sequence[float]) -> float | None:
 
 
 def eval_accuracy(result: Mapping[str, Any] | None) -> dict[str, float]:
-    """``eval_accuracy`` (and ``eval_pass@k`` when sampled) from a ``sharpgrpo.eval`` result: the summary's
+    """``eval_accuracy`` (and ``eval_pass@k`` when sampled) from a ``sharpgrpo eval`` result: the summary's
     ``overall`` accuracy when it has one, else its own ``accuracy``, else the mean accuracy of its groups."""
     if not result:
         return {}

@@ -1,0 +1,177 @@
+"""Compare strategies across seeds in one command, with confidence intervals:
+
+    sharpgrpo compare --config configs/demo.yaml --strategies equal grpo_sg cw_grpo thr --seeds 0 1 2 3 4 \\
+        --output reports/demo [--jobs 2] [--set max_steps=100 ...] [--eval TASK --eval_limit K]
+
+Every (strategy, seed) is its own ``train.py`` run of the same config; only ``strategies``, ``seed``, the strategy
+entry's parameters and the ``--set`` overrides differ. Runs go to ``OUTPUT/runs/<strategy>/seed<k>/`` (log:
+``train.log``), at most ``--jobs`` at a time, each with ``cores / jobs`` threads. A run that finished (its
+``compare_run.json`` marker, written after a successful exit, and ``trainer_state.json`` exist with the same
+command and config file contents) is kept and skipped, so an interrupted comparison resumes where it stopped; a run
+whose config file or overrides changed since it ran is run again; a crashed run is reported with its log and the
+others go on. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the queued runs, forwards one SIGINT to the running
+``train.py`` processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of
+the finished runs and exits with 130; the same command then resumes (interrupted runs start again). Then
+``sharpgrpo.compare.stats`` aggregates: per strategy the mean and Student-t interval over seeds, and the paired
+difference against the first strategy (the baseline), into ``report.md``, ``summary.json``, ``reward.png`` and
+``grad_norm.png`` (mean over seeds with its band).
+
+A strategy entry is ``NAME[+NAME...][:field=value[,field=value...]]``: ``grpo_sg+thr`` composes two strategies,
+``thr:thr_p=-0.1`` sets a parameter; its label (``thr (thr_p=-0.1)``) names it in the tables and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from sharpgrpo.compare.report import write_report
+from sharpgrpo.compare.runs import (
+    NOT_FINISHED,
+    Interrupted,
+    StrategySpec,
+    parse_overrides,
+    parse_strategy,
+    plan_runs,
+    run_all,
+    shown_path,
+)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument("--config", required=True, help="The train.py YAML config every run uses.")
+    parser.add_argument(
+        "--strategies", nargs="+", required=True,
+        help="Strategy entries, the first is the baseline: NAME, NAME+NAME (composed), NAME:field=value[,...].",
+    )  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, required=True, help="Seeds; each strategy runs once per seed.")
+    parser.add_argument("--output", required=True, help="Folder for runs/, report.md, summary.json and the PNGs.")
+    parser.add_argument("--jobs", type=int, default=1, help="Runs at a time (each gets cores / jobs threads).")
+    parser.add_argument(
+        "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
+        help="Config overrides applied to every run (train.py --FIELD VALUE).",
+    )  # fmt: skip
+    parser.add_argument("--eval", dest="eval_task", default=None, help="After training, run sharpgrpo eval --task.")
+    parser.add_argument("--eval_limit", type=int, default=None, help="sharpgrpo eval --limit (problems per group).")
+    parser.add_argument(
+        "--eval_set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
+        help="Other sharpgrpo eval options, e.g. n_samples=8 max_new_tokens=8 temperature=1.0.",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=None, help="Threads per run (default: cores // jobs, >= 1).")
+    parser.add_argument("--timeout", type=float, default=None, help="Seconds after which a run counts as failed.")
+    parser.add_argument("--spike_factor", type=float, default=3.0, help="Grad-norm spike: above this x the median.")
+    parser.add_argument("--confidence", type=float, default=0.95, help="Interval level (Student t over seeds).")
+    parser.add_argument(
+        "--smooth", type=float, default=0.0, help="Plots only: EMA weight in (0, 1) applied to each run's curve."
+    )
+    parser.add_argument(
+        "--stop_grace", type=float, default=120.0,
+        help="On Ctrl-C / SIGTERM: seconds the running train.py get to save a checkpoint and stop before a kill.",
+    )  # fmt: skip
+    parser.add_argument("--python", default=sys.executable, help="Python interpreter of the runs.")
+    parser.add_argument(
+        "--report_only", action="store_true",
+        help="Run nothing: aggregate the finished runs and list the others as missing (e.g. while a comparison runs).",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1.")
+    if not 0 < args.confidence < 1:
+        parser.error("--confidence must be in (0, 1).")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds lists a seed twice: {args.seeds}.")
+    if not Path(args.config).is_file():
+        parser.error(f"--config {args.config} does not exist.")
+    try:
+        specs = [parse_strategy(entry) for entry in args.strategies]
+        overrides = parse_overrides(args.overrides)
+        eval_set = parse_overrides(args.eval_set)
+    except ValueError as error:
+        parser.error(str(error))
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels) or len({s.slug for s in specs}) != len(specs):
+        parser.error(f"--strategies lists an entry twice: {labels}.")
+    _validate_strategy_names(specs, parser)
+
+    output = Path(args.output)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    config = Path(args.config).resolve()
+    runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
+                     eval_set)  # fmt: skip
+    command = "sharpgrpo compare " + " ".join(argv if argv is not None else sys.argv[1:])
+    if os.sep in args.python:  # the runs start in the repository root: a relative interpreter path is from here
+        args.python = str(Path(args.python).absolute())
+    interrupted = False
+    if args.report_only:
+        for run in runs:
+            reason = run.stale_reason()
+            run.status = "skipped" if reason is None else "missing"
+            if reason is not None and reason != NOT_FINISHED:
+                run.error = reason
+    else:
+        previous = _stop_signals_as_keyboard_interrupt()
+        try:
+            run_all(runs, args.jobs, args.python, threads, args.timeout, args.stop_grace)
+        except Interrupted:
+            interrupted = True
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    summary = write_report(runs, output, command, args.spike_factor, args.confidence, args.smooth)
+    if interrupted:
+        stopped = sum(r.status == "interrupted" for r in runs)
+        cancelled = sum(r.status == "cancelled" for r in runs)
+        finished = sum(r.status in ("done", "skipped") for r in runs)
+        print(
+            f"Interrupted: stopped {stopped} running run(s), cancelled {cancelled} queued run(s); partial report of "
+            f"{finished} finished run(s) in {output / 'report.md'}. Re-run the same command to resume.",
+            file=sys.stderr,
+        )
+        raise SystemExit(130)
+    failed = [r for r in runs if r.status == "failed"]
+    print(f"Wrote {output / 'report.md'}, {output / 'summary.json'}" + "".join(f", {p}" for p in summary["plots"]))
+    if failed:
+        print(f"{len(failed)} run(s) failed:", file=sys.stderr)
+        for run in failed:
+            print(f"  {run.spec.label} seed {run.seed}: {run.error}; log: {shown_path(run.log)}", file=sys.stderr)
+    return summary
+
+
+def _stop_signals_as_keyboard_interrupt() -> dict[int, Any]:
+    """Make SIGINT, SIGTERM and SIGHUP stop the comparison like Ctrl-C; return the previous handlers (none off the
+    main thread, where handlers cannot be set). SIGINT too: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then raises no KeyboardInterrupt for it (train.py's
+    own handler, sharpgrpo.lifecycle, is installed the same way)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def _validate_strategy_names(specs: list[StrategySpec], parser: argparse.ArgumentParser) -> None:
+    """Unknown strategy names fail before any run starts (the registry lists the valid ones)."""
+    from sharpgrpo.strategies import STRATEGIES
+
+    for spec in specs:
+        for name in spec.names:
+            try:
+                STRATEGIES.get(name)
+            except ValueError as error:
+                parser.error(str(error))
+
+
+if __name__ == "__main__":
+    result = main()
+    sys.exit(1 if any(r["status"] == "failed" for r in result["runs"]) else 0)
