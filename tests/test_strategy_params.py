@@ -4,16 +4,13 @@ a config field, every parameter is read by some strategy, and the model card lis
 from dataclasses import fields
 
 import pytest
+from helpers import cpu_config
 
 from sharpgrpo import SharpGRPOConfig
 from sharpgrpo.config import FIELD_RULES
 from sharpgrpo.model_card import strategy_card_section
 from sharpgrpo.strategies import STRATEGIES
 from sharpgrpo.strategy_params import StrategyParams
-
-
-def make(tmp_path, **kwargs):
-    return SharpGRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, **kwargs)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
@@ -33,14 +30,14 @@ def test_every_strategy_parameter_is_read_by_a_strategy_and_ruled():
 
 
 def test_config_inherits_the_strategy_parameters(tmp_path):
-    config, params = make(tmp_path), StrategyParams()
+    config, params = cpu_config(tmp_path), StrategyParams()
     for field in fields(StrategyParams):
         assert getattr(config, field.name) == getattr(params, field.name)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_model_card_lists_the_declared_params(tmp_path, name):
-    config = make(tmp_path, thr_p=-0.2, passk_k=2, cw_scope="batch")
+    config = cpu_config(tmp_path, thr_p=-0.2, passk_k=2, cw_scope="batch")
     config.strategies = [name]
     line = next(line for line in strategy_card_section(config).splitlines() if line.startswith(f"- **`{name}`**"))
     listed = line.split("(", 1)[1].split(")", 1)[0]
