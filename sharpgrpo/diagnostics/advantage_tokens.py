@@ -178,8 +178,9 @@ def policy_inputs(
         truncated = mask_truncated and eos not in c and max_completion_length is not None
         mask.append([0 if truncated else 1] * length + [0] * (c_width - length))
     batch["completion_mask"] = torch.tensor(mask, device=device)
-    hidden = completion_hidden_states(model, batch, batch_size)
-    head = model.get_output_embeddings()
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT: the model with its adapter layers
+    hidden = completion_hidden_states(lm, batch, batch_size)
+    head = lm.get_output_embeddings()
     batch["hidden_states"] = hidden
     batch["logps"] = logps_from_hidden_states(hidden, batch["completion_ids"], head.weight,
                                               getattr(head, "bias", None), temperature, batch_size)

@@ -77,7 +77,7 @@ def test_thr_factors_equal_the_trainers_own_token_advantages(thr_run, tiny_model
     result = main(["--model", tiny_model_path, "--completions", str(first), "--output", str(tmp_path)])
     assert result["strategies"] == ["thr"] and result["temperature"] == 0.9  # from the run's training_args.json
     dump = [json.loads(line) for line in (thr_run / "thr_scores" / "generation_000001.jsonl").open()]
-    prompts, completions, scores = read_logged_rows(first)
+    _, completions, scores = read_logged_rows(first)
     entries = result["batches"][0]["completions"]
     assert len(entries) == len(dump) == len(completions) == 8
 
@@ -96,7 +96,7 @@ def test_thr_factors_equal_the_trainers_own_token_advantages(thr_run, tiny_model
         expected = [a / sequence_advantage for a in record["advantages"]]
         assert entry["factors"] == pytest.approx(expected, abs=1e-4)
         assert entry["strategy_factors"][0]["scores"] == pytest.approx(record["scores"], rel=1e-3, abs=1e-6)
-        assert set(round(f, 6) for f in entry["factors"]) <= {0.0, 0.8, 1.0, 1.2}  # THR: 0, 1 - p, 1, 1 + p
+        assert {round(f, 6) for f in entry["factors"]} <= {0.0, 0.8, 1.0, 1.2}  # THR: 0, 1 - p, 1, 1 + p
         shaded += sum(f != 1.0 for f in entry["factors"])
     assert shaded > 0  # the batch has mixed groups, so THR changed some tokens
 
