@@ -60,6 +60,8 @@ the defaults resolve overheads of a few percent.
 Examples (from the repository root):
     python benchmarks/step_bench.py                                     # CPU, 5 to 8 minutes
     python benchmarks/step_bench.py --strategies equal grpo_sg --repeats 40
+    python benchmarks/step_bench.py --model_dir ~/.cache/sharpgrpo/smollm2-135m-instruct-v1 --baseline equal \
+        --strategies equal grpo_sg cw_grpo thr nthr ar passk_mixed --phases gen loss   # the real model, vs equal
     python benchmarks/step_bench.py --device cuda --dtype bfloat16 --hidden_size 512 --num_layers 8 \\
         --batch_size 64 --max_completion_length 128 --threads 0     # the warm start runs once, on the CPU
 """
