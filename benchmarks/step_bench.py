@@ -60,6 +60,8 @@ the defaults resolve overheads of a few percent.
 Examples (from the repository root):
     python benchmarks/step_bench.py                                     # CPU, 5 to 8 minutes
     python benchmarks/step_bench.py --strategies equal grpo_sg --repeats 40
+    python benchmarks/step_bench.py --model_dir ~/.cache/sharpgrpo/smollm2-135m-instruct-v1 --baseline equal \
+        --strategies equal grpo_sg cw_grpo thr nthr ar passk_mixed --phases gen loss   # the real model, vs equal
     python benchmarks/step_bench.py --device cuda --dtype bfloat16 --hidden_size 512 --num_layers 8 \\
         --batch_size 64 --max_completion_length 128 --threads 0     # the warm start runs once, on the CPU
 """
@@ -153,6 +155,10 @@ def parse_args(argv=None):
     timing.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples of the ratio interval")
     timing.add_argument("--no_control", dest="control", action="store_false",
                         help=f"leave out the A/A control (a second plain GRPOTrainer, {CONTROL!r})")
+    timing.add_argument("--baseline", default=PLAIN,
+                        help=f"the trainer every ratio is paired against: {PLAIN!r} (plain GRPOTrainer, the default) "
+                        "or one of --strategies, e.g. equal; then no plain GRPOTrainer (and no A/A control) is built, "
+                        "which saves one model, its gradients and optimizer state per trainer left out")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write every raw time to this JSON file")
     parser.add_argument("--report", type=Path, default=None, help="only re-print the tables of a --json file")
@@ -222,7 +228,8 @@ def build_trainers(args, model_path: Path, output_root: Path) -> dict:
     dataset = demo_dataset(max(512, 4 * prompts_needed), seed=args.seed)
     reward = make_binary_reward(args.reward_threshold)
     trainers = {}
-    names = [PLAIN, *([CONTROL] if args.control else []), *args.strategies]
+    plain = [PLAIN, *([CONTROL] if args.control else [])] if args.baseline == PLAIN else []
+    names = [*plain, *args.strategies]
     for index, name in enumerate(names):
         kwargs = config_kwargs(args, output_root / f"trainer{index}", max_steps)
         if name in (PLAIN, CONTROL):
@@ -293,9 +300,10 @@ def time_generation_and_loss(trainers: dict, args) -> tuple[dict, dict, dict]:
     fixed = {}
     for name in names:  # the fixed batch of the loss phase (and a check that generation is identical)
         fixed[name], _ = generate(name, 10**6)
-    reference = fixed[PLAIN]["completion_ids"]
+    reference = fixed[args.baseline]["completion_ids"]
     identical = all(torch.equal(out["completion_ids"], reference) for out in fixed.values())
-    rewards = trainers[PLAIN]._metrics["train"]["reward"][-1] if trainers[PLAIN]._metrics["train"]["reward"] else None
+    logged = trainers[args.baseline]._metrics["train"]["reward"]
+    rewards = logged[-1] if logged else None
     summary = {"completion_shape": list(reference.shape), "identical_completions": identical, "mean_reward": rewards}
 
     if "gen" in args.phases:
@@ -413,17 +421,19 @@ def verdict(low: float, high: float) -> str:
 
 
 def summarise(phase_times: dict, primary: int, args) -> list[dict]:
-    """Per trainer: median and min time; against plain TRL: the ratio of medians, the paired ratio (median over
-    rounds of ours / TRL in the same round, which cancels load drifts slower than a round), each with a 95%
-    bootstrap interval (rounds resampled, pairs kept), the ratio of minima and the ratio of wall-time medians."""
+    """Per trainer: median and min time; against the baseline (``--baseline``, plain TRL by default): the ratio of
+    medians, the paired ratio (median over rounds of ours / the baseline's in the same round, which cancels load
+    drifts slower than a round), each with a 95% bootstrap interval (rounds resampled, pairs kept), the ratio of
+    minima and the ratio of wall-time medians."""
     rng = random.Random(args.seed)
-    plain = [t[primary] for t in phase_times[PLAIN]]
-    plain_wall = [t[0] for t in phase_times[PLAIN]]
+    baseline = getattr(args, "baseline", PLAIN)  # step_bench_real.py's arguments have no --baseline
+    plain = [t[primary] for t in phase_times[baseline]]
+    plain_wall = [t[0] for t in phase_times[baseline]]
     rows = []
     for name, measured in phase_times.items():
         values = [t[primary] for t in measured]
         row = {"trainer": name, "median_s": statistics.median(values), "min_s": min(values), "n": len(values)}
-        if name != PLAIN:
+        if name != baseline:
             n = len(values)
             paired = [v / p for v, p in zip(values, plain, strict=True)]
             row["ratio"] = row["median_s"] / statistics.median(plain)
@@ -444,14 +454,16 @@ TITLES = {"step": "full optimizer step (training loop)", "gen": "generate + scor
           "loss": "loss forward + backward (fixed batch)"}
 
 
-def print_table(phase: str, rows: list[dict], clock_name: str) -> None:
+def print_table(phase: str, rows: list[dict], clock_name: str, baseline: str = PLAIN) -> None:
     print(f"\n{phase}: {TITLES[phase]}, {clock_name} time, n = {rows[0]['n']} rounds")
-    print("| trainer | median | paired ratio to TRL | 95% CI | <= 1%? | ratio of medians (95% CI) | min ratio "
+    shown = "TRL" if baseline == PLAIN else baseline
+    print(f"| trainer | median | paired ratio to {shown} | 95% CI | <= 1%? | ratio of medians (95% CI) | min ratio "
           "| wall ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        if row["trainer"] == PLAIN:
-            print(f"| {PLAIN} (GRPOTrainer) | {row['median_s'] * 1e3:.1f} ms | 1 | | | | | |")
+        if row["trainer"] == baseline:
+            label = f"{PLAIN} (GRPOTrainer)" if baseline == PLAIN else baseline
+            print(f"| {label} | {row['median_s'] * 1e3:.1f} ms | 1 | | | | | |")
             continue
         low, high = row["paired_ci"]
         label = f"{row['trainer']} (A/A control)" if row["trainer"] == CONTROL else row["trainer"]
@@ -465,7 +477,7 @@ def report(results: dict, primary: int, clock_name: str, args) -> dict:
     for phase in ("step", "gen", "loss"):
         if phase in results:
             tables[phase] = summarise(results[phase], primary, args)
-            print_table(phase, tables[phase], clock_name)
+            print_table(phase, tables[phase], clock_name, args.baseline)
     return tables
 
 
@@ -481,6 +493,7 @@ def main(argv=None):
     if args.report is not None:  # re-print the tables of a saved run
         saved = json.loads(args.report.read_text())
         clock_name = saved["args"]["clock"]
+        args.baseline = saved["args"].get("baseline", PLAIN)
         report(saved["times"], 1 if clock_name == "cpu" else 0, clock_name, args)
         return
     warnings.filterwarnings("ignore")
@@ -492,6 +505,8 @@ def main(argv=None):
     if args.clock == "auto":
         args.clock = "cpu" if args.device == "cpu" and torch.get_num_threads() == 1 else "wall"
     primary = 1 if args.clock == "cpu" else 0
+    if args.baseline != PLAIN and args.baseline not in args.strategies:
+        raise SystemExit(f"--baseline {args.baseline} is neither {PLAIN!r} nor one of --strategies")
     if args.batch_size % args.num_generations:
         raise SystemExit("--batch_size must be a multiple of --num_generations")
     if args.device == "cuda":
@@ -505,12 +520,14 @@ def main(argv=None):
     model_path = build_model(args)
     with tempfile.TemporaryDirectory(prefix="step_bench_") as output_root:
         trainers = build_trainers(args, model_path, Path(output_root))
-        params = sum(p.numel() for p in trainers[PLAIN].model.parameters())
+        model = trainers[args.baseline].model
+        params = sum(p.numel() for p in model.parameters())
         device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"cpu ({os.cpu_count()} cores)"
         print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
               f"device {device_name}, dtype {args.dtype}, torch threads {torch.get_num_threads()}, "
               f"primary clock {args.clock}")
-        print(f"model {args.architecture} hidden {args.hidden_size} layers {args.num_layers} ({params / 1e6:.2f}M "
+        print(f"model {model_path.name}: {model.config.model_type} hidden {model.config.hidden_size} layers "
+              f"{model.config.num_hidden_layers} vocabulary {model.config.vocab_size} ({params / 1e6:.2f}M "
               f"params), batch {args.batch_size} completions x {args.max_completion_length} tokens "
               f"({'fixed' if args.fixed_length else 'up to'}), G = {args.num_generations}, loss {args.loss_type}, "
               f"beta {args.beta}, num_iterations {args.num_iterations}; trainers: {', '.join(trainers)}")

@@ -11,6 +11,9 @@ Completions come from a run's saved completions (``train.py``'s ``save_completio
 
     python -m sharpgrpo.diagnostics.tokens --model RUN_DIR --completions RUN_DIR/completions --output DIR
     python -m sharpgrpo.diagnostics.tokens --model sharpgrpo-tiny --prompts prompts.jsonl --output DIR
+
+A run trained with an advantage strategy (``thr``, ``nthr``, ``cw_grpo``, ``ar``, ``passk_mixed``) gets each token's
+factor A[i,t] / A[i] instead, on whole groups of its saved completions (``sharpgrpo.diagnostics.advantage_tokens``).
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ def weight_strategy(strategy: str | None = None, config: Any = None, **overrides
     cls = STRATEGIES.get(strategy)
     if cls.kind != "weight":
         raise ValueError(
-            f"{strategy!r} is an advantage strategy; the token analysis needs a token-weight strategy "
-            "(grpo_sg, reverse, random, equal)."
+            f"{strategy!r} is an advantage strategy; this analysis needs a token-weight strategy (grpo_sg, reverse, "
+            "random, equal). Advantage strategies are analysed on a run's saved completions "
+            "(sharpgrpo.diagnostics.advantage_tokens; the command line with --completions does it)."
         )
     return cls(config), config, strategy
 
@@ -286,23 +290,29 @@ RUN_SETTINGS = (
 )  # fmt: skip
 
 
-def run_settings(*places: str | Path | None) -> tuple[dict[str, Any], list[str], Path | None]:
-    """``(settings, strategies, file)`` from the first ``training_args.json`` found in ``places`` or their parent
-    folders (a run's output_dir, a ``checkpoint-N`` in it, or its ``completions`` folder), which train.py writes;
-    ``({}, [], None)`` when there is none."""
+def saved_training_args(*places: str | Path | None) -> tuple[dict[str, Any], Path | None]:
+    """``(arguments, file)`` of the first ``training_args.json`` found in ``places`` or their parent folders (a
+    run's output_dir, a ``checkpoint-N`` in it, or its ``completions`` folder), which train.py writes;
+    ``({}, None)`` when there is none."""
     for place in places:
         if place is None:
             continue
         folder = Path(place) if Path(place).is_dir() else Path(place).parent
         for candidate in (folder / "training_args.json", folder.parent / "training_args.json"):
             try:
-                saved = json.loads(candidate.read_text(encoding="utf-8"))
+                return json.loads(candidate.read_text(encoding="utf-8")), candidate
             except (OSError, json.JSONDecodeError):
                 continue
-            strategies = saved.get("strategies") or []
-            strategies = [strategies] if isinstance(strategies, str) else list(strategies)
-            return {k: saved[k] for k in RUN_SETTINGS if saved.get(k) is not None}, strategies, candidate
-    return {}, [], None
+    return {}, None
+
+
+def run_settings(*places: str | Path | None) -> tuple[dict[str, Any], list[str], Path | None]:
+    """``(settings, strategies, file)`` from a run's ``training_args.json`` (:func:`saved_training_args`):
+    the fields of ``RUN_SETTINGS`` and the strategy list; ``({}, [], None)`` when there is none."""
+    saved, file = saved_training_args(*places)
+    strategies = saved.get("strategies") or []
+    strategies = [strategies] if isinstance(strategies, str) else list(strategies)
+    return {k: saved[k] for k in RUN_SETTINGS if saved.get(k) is not None}, strategies, file
 
 
 def read_prompts(path: str | Path) -> list[Any]:
@@ -429,8 +439,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--strategy", default=None,
-        help="Token-weight strategy (grpo_sg, reverse, random, equal). Default: the run's own (its training_args.json "
-        "beside the model or the completions), else grpo_sg.",
+        help="A token-weight strategy (grpo_sg, reverse, random, equal): the token table and each token shaded by "
+        "its weight; an advantage strategy (thr, nthr, cw_grpo, ar, passk_mixed; needs --completions): each token "
+        "shaded by its factor A[i,t] / A[i] (sharpgrpo.diagnostics.advantage_tokens). Default: the run's own "
+        "strategies (its training_args.json beside the model or the completions; with an advantage strategy among "
+        "them, its factors, the weight strategy's weights as an underline), else grpo_sg.",
     )  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="append", type=_parse_override, default=[], metavar="KEY=VALUE",
@@ -457,6 +470,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         prompts, completions = read_prompts(args.prompts), None
     settings, run_strategies, settings_file = run_settings(args.completions, args.model)
+    requested = [args.strategy] if args.strategy else run_strategies
+    if any(not _is_weight_strategy(s) for s in requested):  # an advantage strategy: its factors on whole groups
+        return _advantage_main(args, prompts, completions, scores, requested)
     strategy = args.strategy or next((s for s in run_strategies if _is_weight_strategy(s)), None) or "grpo_sg"
     if settings_file is not None:
         used = ", ".join(f"{k}={v}" for k, v in settings.items())
@@ -472,6 +488,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         chart_top=args.chart_top, seed=args.seed, **overrides,
     )  # fmt: skip
     print(tokens_markdown({"high": result["high"], "low": result["low"]}, result["strategy"], result["overall"]))
+    return result
+
+
+def _advantage_main(args, prompts, completions, scores, strategies: list[str]) -> dict[str, Any]:
+    """The command line for advantage strategies: factors A[i,t] / A[i] on the run's saved completions."""
+    from sharpgrpo.diagnostics.advantage_tokens import analyze_advantage_tokens, factor_markdown
+    from sharpgrpo.evaluation.models import load_model_and_tokenizer
+    from sharpgrpo.strategies import STRATEGIES
+
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        STRATEGIES.get(unknown[0])  # the registry's error lists the valid names
+    if not args.completions:
+        raise ValueError(
+            f"{strategies} holds advantage strategies: their factors need whole groups with their rewards, i.e. a "
+            "run's saved completions (--completions), not --prompts."
+        )
+    saved, settings_file = saved_training_args(args.completions, args.model)
+    weight = next((s for s in strategies if _is_weight_strategy(s)), None)
+    if settings_file is not None:
+        print(f"[sharpgrpo] the run's settings from {settings_file}: strategies {strategies} (flags override them)")
+    if args.max_rows is not None:  # whole groups only
+        generations = int(dict(args.overrides).get("num_generations", saved.get("num_generations", 8)))
+        keep = len(prompts) - len(prompts) % generations
+        prompts, completions, scores = prompts[:keep], completions[:keep], scores[:keep]
+    model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
+    result = analyze_advantage_tokens(
+        model, tokenizer, prompts, completions, scores, strategies, saved, temperature=args.temperature,
+        batch_size=args.batch_size, apply_chat_template=args.apply_chat_template, weight_strategy=weight,
+        output=args.output, **dict(args.overrides),
+    )  # fmt: skip
+    print(factor_markdown(result))
     return result
 
 
