@@ -24,18 +24,19 @@ def thr_run(tiny_model_path, tmp_path_factory):
     """Two real steps of ``thr`` with saved completions, the trainer's own token advantages dumped
     (``thr_debug_dump``), and hidden states from a forward pass (``generation_capture: false``), as the analysis
     computes them. ``training_args.json`` is written as train.py writes it."""
+    from helpers import cpu_config
     from transformers import AutoTokenizer
 
-    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+    from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.demo import allowed_letters_reward, demo_dataset
     from sharpgrpo.lifecycle import write_training_args
     from sharpgrpo.run_output import CompletionsCallback
 
     output_dir = tmp_path_factory.mktemp("thr_run")
-    args = SharpGRPOConfig(
-        output_dir=str(output_dir), strategies=["thr"], thr_p=0.2, temperature=0.9, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, learning_rate=1e-3, report_to=[],
-        bf16=False, use_cpu=True, save_strategy="no", seed=0, thr_debug_dump=True, generation_capture=False,
+    args = cpu_config(
+        output_dir, strategies=["thr"], thr_p=0.2, temperature=0.9, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, learning_rate=1e-3,
+        save_strategy="no", seed=0, thr_debug_dump=True, generation_capture=False,
     )  # fmt: skip
     trainer = SharpGRPOTrainer(
         model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args, train_dataset=demo_dataset(32),

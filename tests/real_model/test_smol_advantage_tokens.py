@@ -10,16 +10,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 
 def test_thr_page_reproduces_the_trainers_token_advantages(smol_path, smol_tokenizer, tmp_path):
+    from helpers import cpu_config
+
     from reward_fns import get_reward_function
-    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+    from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.data import load_train_dataset
     from sharpgrpo.diagnostics.tokens import main
     from sharpgrpo.lifecycle import write_training_args
     from sharpgrpo.run_output import CompletionsCallback
 
     run = tmp_path / "run"
-    args = SharpGRPOConfig(
-        output_dir=str(run), report_to=[], use_cpu=True, bf16=False, per_device_train_batch_size=16,
+    args = cpu_config(
+        run, per_device_train_batch_size=16,
         num_generations=8, max_completion_length=12, max_steps=1, learning_rate=1e-5, logging_steps=1,
         save_strategy="no", seed=0, temperature=0.7, beta=0.0, strategies=["thr"], thr_debug_dump=True,
         generation_capture=False,
