@@ -58,7 +58,7 @@ class TaskArguments:
         metadata={
             "help": "Write each logged generation batch's prompts, completions, rewards and advantages to "
             "output_dir/completions/completions_<step>.parquet (TRL's `log_completions` files, without its console "
-            "tables), as `python -m sharpgrpo.diagnostics.tokens --completions` reads them."
+            "tables), as `sharpgrpo tokens --completions` reads them."
         },
     )
     overwrite_output_dir: bool = field(

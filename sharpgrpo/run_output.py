@@ -13,7 +13,7 @@ from transformers.trainer_callback import ProgressCallback
 class CompletionsCallback(TrainerCallback):
     """Write the last generation batch's prompts, completions, rewards and advantages at every log step to
     ``output_dir/completions/completions_<step>.parquet``: the same columns and file names as TRL's
-    ``log_completions`` (which also prints a rich table per step), read by ``sharpgrpo.diagnostics.tokens``."""
+    ``log_completions`` (which also prints a rich table per step), read by ``sharpgrpo tokens``."""
 
     def __init__(self, trainer):
         self.trainer = trainer

@@ -4,7 +4,7 @@ Each subcommand runs its module exactly as ``python -m MODULE ARGS...`` would (`
 arguments, exit codes and one-line errors are the module's own; ``sharpgrpo SUBCOMMAND --help`` shows its options.
 ``train`` runs ``train.py`` of the source checkout that this package was installed from (``pip install -e .``), the
 readable top-level training script; ``eval``, ``compare`` and ``plot`` are the modules beside this one
-(``sharpgrpo.cli.eval`` ...); ``tokens`` is ``sharpgrpo.diagnostics.tokens``, and ``serve`` is
+(``sharpgrpo.cli.eval`` ...), as is ``tokens``; ``serve`` is
 ``sharpgrpo.search.server`` (the search setting keeps its command line: nothing outside ``sharpgrpo.search``
 imports it). ``python -m sharpgrpo SUBCOMMAND`` is the same as ``sharpgrpo SUBCOMMAND``.
 """
@@ -21,7 +21,7 @@ COMMANDS = {
     "eval": ("sharpgrpo.cli.eval", "evaluate a model or a run on a task (K&K, math, QA, search QA, ...)"),
     "compare": ("sharpgrpo.cli.compare", "train every (strategy, seed) of one config and compare them"),
     "plot": ("sharpgrpo.cli.plot", "plot runs' training curves and grad-norm variability"),
-    "tokens": ("sharpgrpo.diagnostics.tokens", "per-token weights and advantages of a run's completions"),
+    "tokens": ("sharpgrpo.cli.tokens", "per-token weights and advantages of a run's completions"),
     "serve": ("sharpgrpo.search.server", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
 }
 

@@ -3,7 +3,7 @@
 One file, no server and no external assets (inline CSS, no script): open it in any browser. Each completion is shown
 with its reward columns and advantage; each token's background is blue below weight 1 (damped), orange above
 (boosted), white at 1, with full colour at the strategy's weight bounds; hovering a token shows its probability and
-weight. Written by ``python -m sharpgrpo.diagnostics.tokens`` as ``tokens.html``.
+weight. Written by ``sharpgrpo tokens`` as ``tokens.html``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import torch
 
 from sharpgrpo.diagnostics.advantage_tokens import trl_sequence_advantages
 from sharpgrpo.diagnostics.token_page import BOOSTED_RGB, DAMPED_RGB, ZEROED
-from sharpgrpo.diagnostics.tokens import main, read_logged_rows
+from sharpgrpo.cli.tokens import main
+from sharpgrpo.diagnostics.tokens import read_logged_rows
 
 pytestmark = pytest.mark.slow  # trains the tiny model two steps
 

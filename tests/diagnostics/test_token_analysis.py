@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from sharpgrpo.demo import demo_dataset
-from sharpgrpo.diagnostics.tokens import analyze_tokens, display_token, main, read_logged_completions
+from sharpgrpo.cli.tokens import main
+from sharpgrpo.diagnostics.tokens import analyze_tokens, display_token, read_logged_completions
 from sharpgrpo.evaluation.models import load_model_and_tokenizer
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
 

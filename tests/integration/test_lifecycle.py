@@ -139,7 +139,7 @@ def test_the_run_leaves_completions_a_card_and_a_summary(full_run):
 
 
 def test_token_analysis_fails_before_loading_the_model_without_completions(tmp_path):
-    from sharpgrpo.diagnostics.tokens import main as tokens_main
+    from sharpgrpo.cli.tokens import main as tokens_main
 
     (tmp_path / "completions").mkdir()
     with pytest.raises(FileNotFoundError, match="save_completions: true"):  # not the missing model's error
