@@ -216,7 +216,7 @@ def strategy_factors(
     from sharpgrpo.advantage_pipeline import run_advantage_strategies
     from sharpgrpo.validation import StrategyOutputChecker
 
-    checker = checker or StrategyOutputChecker(list(names))
+    checker = checker or StrategyOutputChecker({name: type(s) for name, s in zip(names, strategies, strict=True)})
     steps, advantages = [], batch.advantages
     for strategy, name in zip(strategies, names, strict=True):
         metrics, kept = defaultdict(list), {}
