@@ -53,3 +53,11 @@ def test_train_runs_train_py_with_its_one_line_errors(tmp_path):
 def test_console_script_is_declared():
     text = (REPO / "pyproject.toml").read_text()
     assert 'sharpgrpo = "sharpgrpo.cli:main"' in text
+
+
+def test_each_subcommand_names_itself_in_its_usage():
+    """`sharpgrpo CMD --help` and its errors say `usage: sharpgrpo CMD`, the documented form (not a file name)."""
+    for command in ("eval", "compare", "plot", "tokens", "serve"):
+        result = run(command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: sharpgrpo {command} "), result.stdout.splitlines()[0]

@@ -45,6 +45,7 @@ from sharpgrpo.compare.runs import (
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
+        prog="sharpgrpo compare",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
     parser.add_argument("--config", required=True, help="The train.py YAML config every run uses.")

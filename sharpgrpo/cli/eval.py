@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> dict:
     from sharpgrpo.tasks import register_tasks
 
     register_tasks()  # the offline tasks' evaluation (strict_letters)
-    parser = HfArgumentParser(EvalConfig, description=__doc__.split("\n\n")[0])
+    parser = HfArgumentParser(EvalConfig, prog="sharpgrpo eval", description=__doc__.split("\n\n")[0])
     (config,) = parser.parse_args_into_dataclasses(args=argv)
     result = evaluate(config)
     print(result["markdown"])

@@ -27,7 +27,7 @@ from sharpgrpo.diagnostics.curve_plots import grad_norm_markdown, plot_runs
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="sharpgrpo plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="Run folders (or trainer_state.json files).")
     parser.add_argument("--output", required=True, help="Folder for the PNGs and the grad-norm summary.")
     parser.add_argument("--labels", nargs="+", default=None, help="Legend names, one per run (default: folder names).")

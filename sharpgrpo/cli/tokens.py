@@ -44,7 +44,7 @@ def _is_weight_strategy(name: str) -> bool:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sharpgrpo.evaluation.models import load_model_and_tokenizer
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="sharpgrpo tokens", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="sharpgrpo-tiny, a model/adapter directory or a hub id.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--completions", help="TRL's completions folder (or one completions_<step>.parquet file).")

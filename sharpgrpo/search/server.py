@@ -334,7 +334,7 @@ class RetrievalServerProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="sharpgrpo serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True, help="Search-R1 corpus .jsonl ({id, contents} per line).")
     parser.add_argument("--retriever", default="bm25", choices=["bm25", "dense"])
     parser.add_argument("--host", default="127.0.0.1")
