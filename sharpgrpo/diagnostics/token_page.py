@@ -91,21 +91,30 @@ def token_page(
             f"{html.escape(piece)}</span>"
             for piece, p, w in zip(entry["pieces"], entry["probs"], entry["weights"], strict=True)
         )
-        parts += [
-            '<div class="completion">',
-            f'<div class="scores">#{index} &middot; {scores}</div>',
-            f"<details><summary>prompt</summary><pre>{html.escape(_prompt_text(entry['prompt']))}</pre></details>",
-            f'<div class="text">{tokens}</div>',
-            "</div>",
-        ]
+        parts += completion_box(index, scores, entry["prompt"], tokens)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def write_token_page(path: str | Path, *args, **kwargs) -> Path:
+def completion_box(index: int, header: str, prompt: Any, tokens: str) -> list[str]:
+    """One completion's box: ``#index`` with ``header`` (HTML), the folded prompt, the shaded ``tokens`` (HTML)."""
+    return [
+        '<div class="completion">',
+        f'<div class="scores">#{index} &middot; {header}</div>',
+        f"<details><summary>prompt</summary><pre>{html.escape(_prompt_text(prompt))}</pre></details>",
+        f'<div class="text">{tokens}</div>',
+        "</div>",
+    ]
+
+
+def write_page(path: str | Path, page: str) -> Path:
     path = Path(path)
-    path.write_text(token_page(*args, **kwargs), encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
     return path
+
+
+def write_token_page(path: str | Path, *args, **kwargs) -> Path:
+    return write_page(path, token_page(*args, **kwargs))
 
 
 ZEROED = "rgba(150,150,150,0.55)"  # grey: factor 0, the token's advantage is dropped
@@ -199,18 +208,10 @@ def advantage_token_page(
                           f"{html.escape(piece)}</span>")
         note = (" &middot; <i>A = 0: no token advantage to scale, not shaded</i>" if entry["factors"] is None
                 else f" &middot; {'correct' if entry['correct'] else 'wrong'}")  # fmt: skip
-        parts += [
-            '<div class="completion">',
-            f'<div class="scores">#{index} &middot; {scores}{note}</div>',
-            f"<details><summary>prompt</summary><pre>{html.escape(_prompt_text(entry['prompt']))}</pre></details>",
-            f'<div class="text">{"".join(tokens)}</div>',
-            "</div>",
-        ]
+        parts += completion_box(index, scores + note, entry["prompt"], "".join(tokens))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
 def write_advantage_token_page(path: str | Path, *args, **kwargs) -> Path:
-    path = Path(path)
-    path.write_text(advantage_token_page(*args, **kwargs), encoding="utf-8")
-    return path
+    return write_page(path, advantage_token_page(*args, **kwargs))
