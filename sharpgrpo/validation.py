@@ -224,10 +224,10 @@ def _check_shape(what: str, label: str, value: Any, expected_shape) -> None:
         )
 
 
-def _check_values(what: str, label: str, value, mask, require_positive: bool) -> None:
+def _check_values(what: str, label: str, value, mask, require_positive: bool, allow_zero: bool = False) -> None:
     import torch
 
-    non_finite, non_positive = _invalid_values(value, mask, require_positive)
+    non_finite, non_positive = _invalid_values(value, mask, require_positive, allow_zero)
     any_non_finite, any_non_positive = torch.stack([non_finite.any(), non_positive.any()]).tolist()  # one read
     if any_non_finite:
         where = tuple(non_finite.nonzero()[0].tolist())
@@ -238,34 +238,39 @@ def _check_values(what: str, label: str, value, mask, require_positive: bool) ->
     if any_non_positive:
         where = tuple(non_positive.nonzero()[0].tolist())
         raise ValueError(
-            f"Strategy {label} returned {what} with {int(non_positive.sum())} value(s) <= 0 on completion "
-            f"tokens (e.g. {value[where].item()} at {where}); token weights must be > 0."
+            f"Strategy {label} returned {what} with {int(non_positive.sum())} value(s) {'< 0' if allow_zero else '<= 0'} "
+            f"on completion tokens (e.g. {value[where].item()} at {where}); token weights must be "
+            f"{'>= 0' if allow_zero else '> 0'}."
         )
 
 
-def _invalid_values(value, mask, require_positive: bool):
+def _invalid_values(value, mask, require_positive: bool, allow_zero: bool = False):
     """Boolean tensors of the values a strategy must not return: non-finite (anywhere, padding included) and, with
-    ``require_positive``, <= 0 on completion tokens."""
+    ``require_positive``, <= 0 on completion tokens (< 0 with ``allow_zero``)."""
     import torch
 
     non_finite = ~torch.isfinite(value)
-    non_positive = ((value <= 0) & mask.bool()) if require_positive else torch.zeros_like(non_finite)
+    too_small = (value < 0) if allow_zero else (value <= 0)
+    non_positive = (too_small & mask.bool()) if require_positive else torch.zeros_like(non_finite)
     return non_finite, non_positive
 
 
-def bad_weight_count(weights, mask):
+def bad_weight_count(weights, mask, allow_zero: bool = False):
     """Device scalar: how many token weights :func:`check_token_weights` would refuse. The trainer reads it with its
     weight metrics (no host synchronisation of its own) and calls :func:`check_token_weights`, which names the
-    strategy and a bad value, when it is not 0."""
-    non_finite, non_positive = _invalid_values(weights, mask, require_positive=True)
+    strategy and a bad value, when it is not 0. ``allow_zero``: the strategy's weights may be exactly 0
+    (``TokenWeightStrategy.zero_weights``)."""
+    non_finite, non_positive = _invalid_values(weights, mask, require_positive=True, allow_zero=allow_zero)
     return non_finite.sum() + non_positive.sum()
 
 
 def check_token_weights(strategy: Any, strategy_classes: Mapping[str, type], weights: Any, logps, mask) -> None:
-    """A weight strategy's output: a tensor shaped like ``logps``, finite, > 0 on completion tokens."""
+    """A weight strategy's output: a tensor shaped like ``logps``, finite, > 0 on completion tokens (>= 0 for a
+    strategy whose weights may be exactly 0, ``TokenWeightStrategy.zero_weights``)."""
     label = configured_name(strategy, strategy_classes)
     _check_shape("token weights", label, weights, logps.shape)
-    _check_values("token weights", label, weights, mask, require_positive=True)
+    _check_values("token weights", label, weights, mask, require_positive=True,
+                  allow_zero=getattr(strategy, "zero_weights", False))
 
 
 class StrategyOutputChecker:
@@ -281,7 +286,7 @@ class StrategyOutputChecker:
         """Refuses a wrongly shaped output now; returns :func:`bad_weight_count` of the values (a device scalar)."""
         if getattr(weights, "shape", None) != logps.shape:
             check_token_weights(strategy, self.strategy_classes, weights, logps, mask)
-        return bad_weight_count(weights, mask)
+        return bad_weight_count(weights, mask, getattr(strategy, "zero_weights", False))
 
     def raise_for_weights(self, strategy: Any, weights: Any, logps, mask) -> None:
         """The error naming ``strategy`` for weights whose :func:`bad_weight_count` was not 0."""

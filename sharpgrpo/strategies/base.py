@@ -83,6 +83,10 @@ class TokenWeightStrategy:
     kind: ClassVar[str] = "weight"
     params: ClassVar[tuple[str, ...]] = ("weight_placement", "kl_weighting")  # config fields it reads (model card)
     paper: ClassVar[StrategyPaper | None] = None
+    # Weights must be > 0 on completion tokens; a strategy whose weights may be exactly 0 (a Gaussian kernel far from
+    # its centre underflows in float32) sets this, and is then checked for >= 0. Such a strategy must not be combined
+    # with ``kl_weighting: inside`` (log w).
+    zero_weights: ClassVar[bool] = False
 
     def __init__(self, args: Any):
         self.args = args
