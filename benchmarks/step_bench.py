@@ -1,7 +1,7 @@
 """Training step time of ``SharpGRPOTrainer`` (one trainer per strategy) against plain ``trl.GRPOTrainer``.
 
 Every trainer is built once, with identical settings (``GRPOConfig`` for plain TRL, ``SharpGRPOConfig`` with one
-strategy for ours), on its own copy of the same tiny model (``sharpgrpo.tiny.build_tiny_model``, sized by
+strategy for ours), on its own copy of the same tiny model (``sharpgrpo.models.tiny.build_tiny_model``, sized by
 ``--hidden_size``/``--num_layers`` so that model compute, not Python overhead, dominates a step). Three things are
 timed, always in an interleaved schedule (round r runs every trainer once, the order rotated by r so that every
 trainer takes every position equally often), so that drifts of the machine load hit all trainers alike; the first
@@ -120,7 +120,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", nargs="+", default=ALL_STRATEGIES,
                         help="one SharpGRPOTrainer per strategy (each alone), compared with plain GRPOTrainer")
-    model = parser.add_argument_group("model (sharpgrpo.tiny.build_tiny_model; about 3.3M parameters by default)")
+    model = parser.add_argument_group("model (sharpgrpo.models.tiny.build_tiny_model; about 3.3M parameters by default)")
     model.add_argument("--architecture", default="qwen2", choices=["qwen2", "llama"])
     model.add_argument("--hidden_size", type=int, default=256)
     model.add_argument("--num_layers", type=int, default=4)
@@ -169,8 +169,8 @@ def parse_args(argv=None):
 # Setup
 # ----------------------------------------------------------------------------------------------------------------
 def build_model(args) -> Path:
-    from sharpgrpo.prepared_models import default_cache_dir
-    from sharpgrpo.tiny import TINY_MODEL_VERSION, build_tiny_model
+    from sharpgrpo.models.prepared import default_cache_dir
+    from sharpgrpo.models.tiny import TINY_MODEL_VERSION, build_tiny_model
 
     directory = args.model_dir or default_cache_dir() / (
         f"bench-{args.architecture}-h{args.hidden_size}-l{args.num_layers}-w{args.warm_start_steps}"
@@ -181,7 +181,7 @@ def build_model(args) -> Path:
 
 
 def make_binary_reward(threshold: float):
-    from sharpgrpo.demo import allowed_letters_reward
+    from sharpgrpo.data.demo import allowed_letters_reward
 
     def binary_allowed_letters(prompts, completions, allowed, **kwargs):
         scores = allowed_letters_reward(prompts, completions, allowed)
@@ -221,7 +221,7 @@ def build_trainers(args, model_path: Path, output_root: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
-    from sharpgrpo.demo import demo_dataset
+    from sharpgrpo.data.demo import demo_dataset
 
     max_steps = args.warmup + args.repeats
     prompts_needed = (max_steps * args.num_iterations + 2) * args.batch_size // args.num_generations

@@ -56,9 +56,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_bench  # noqa: E402  (sets the malloc options before torch starts threads)
-from step_bench import CONTROL, PLAIN, clocks, load_average, print_table, rotated, summarise  # noqa: E402
-
 import torch  # noqa: E402
+from step_bench import CONTROL, PLAIN, clocks, load_average, print_table, rotated, summarise  # noqa: E402
 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, vocab_size=151936)

@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sharpgrpo.strategies.thr import token_hidden_reward_scores  # noqa: E402
 from sharpgrpo.strategies import thr_kernels  # noqa: E402
+from sharpgrpo.strategies.thr import token_hidden_reward_scores  # noqa: E402
 from sharpgrpo.strategies.thr_kernels import use_fused  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

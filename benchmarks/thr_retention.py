@@ -29,9 +29,9 @@ from sharpgrpo.strategies.thr import thr_threshold, thr_token_advantages, token_
 def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sharpgrpo.demo import demo_prompt
+    from sharpgrpo.data.demo import demo_prompt
+    from sharpgrpo.models.prepared import resolve_model_name
     from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
-    from sharpgrpo.prepared_models import resolve_model_name
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sharpgrpo-tiny")

@@ -8,14 +8,12 @@ docs/methods.md. The config validates itself in ``__post_init__``, before any mo
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from sharpgrpo.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.strategies.covariance import released_variant_conflict
 from sharpgrpo.strategy_params import StrategyParams, _RuledField, param
+from sharpgrpo.training.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.validation import (
     ConfigError,
     integer,
@@ -28,7 +26,6 @@ from sharpgrpo.validation import (
 
 WEIGHT_PLACEMENTS = ("ratio", "loss")
 KL_WEIGHTINGS = ("loss", "inside", "none")
-SUPPORTED_LOSS_TYPES = LOSS_TYPES  # all of TRL 1.16's
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 
 
@@ -94,6 +91,9 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         self._validate()
 
     def _validate(self) -> None:
+        """Relations between fields: the strategies resolve, at most one is a weight strategy, a weight placed in the
+        ratio has a per-token ratio to scale; then the strategies' own checks (``check_params`` of every registered one,
+        ``check_config`` of each selected one)."""
         from sharpgrpo.strategies import STRATEGIES
 
         try:
@@ -106,19 +106,6 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
                 raise ValueError(f"Strategy {name!r} has kind {kind!r}; expected 'weight' or 'advantage'.")
         if kinds.count("weight") > 1:
             raise ValueError(f"At most one token-weight strategy may be active; got {self.strategies}.")
-        if self.sg_lower > self.sg_upper:
-            raise ConfigError(f"sg_lower={self.sg_lower}: must not exceed sg_upper={self.sg_upper} (L <= U, Eq. 19).")
-        if self.random_weight_low > self.random_weight_high:
-            raise ConfigError(
-                f"random_weight_low={self.random_weight_low}: must not exceed random_weight_high="
-                f"{self.random_weight_high}."
-            )
-        if "passk_mixed" in self.strategies and not 1 <= self.passk_k <= self.num_generations:
-            raise ConfigError(
-                f"passk_k={self.passk_k}: must be an integer in [1, num_generations={self.num_generations}]."
-            )
-        if "cw_grpo" in self.strategies:
-            self._validate_cw_variant()
         ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
         if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
             raise ConfigError(
@@ -126,91 +113,17 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
                 "sequences by the sequence's importance ratio, with no per-token ratio for the token weight to "
                 "scale); set weight_placement: loss or another loss_type."
             )
-        if "grpo_sg" in self.strategies or "reverse" in self.strategies:
-            self._warn_if_flat_weights()
-        if self.weight_placement == "ratio" and "weight" in kinds:
-            self._warn_ratio_placement()
-
-    def _validate_cw_variant(self) -> None:
-        """`cw_variant: released` only where the configuration computes the released loss (one line naming the
-        setting that does); `cw_weight_gradient: true` only with it."""
-        if self.cw_variant == "released":
-            conflict = released_variant_conflict(self)
-            if conflict:
-                raise ConfigError(conflict)
-        elif self.cw_weight_gradient:
-            raise ConfigError(
-                "cw_weight_gradient=True: needs cw_variant: released (the paper variant's weights come from the "
-                "sampling policy at generation, without gradient)."
-            )
-
-    def _warn_ratio_placement(self) -> None:
-        """`weight_placement: ratio` silences positive-advantage tokens with w > 1 + epsilon_high on-policy; say
-        which (computed from the configured weights and epsilon_high, docs/methods.md §1)."""
-        from sharpgrpo.strategies.probability_shaping import (
-            probability_shaping_weights,
-            ratio_silenced_range,
-            reverse_probability_shaping_weights,
-        )
-
-        eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
-        params = (self.sg_alpha, self.sg_mu, self.sg_tau, self.sg_lower, self.sg_upper)
-        if "grpo_sg" in self.strategies or "reverse" in self.strategies:
-            reverse = "reverse" in self.strategies
-            shaping = reverse_probability_shaping_weights if reverse else probability_shaping_weights
-            found = ratio_silenced_range(lambda p: shaping(p, *params), eps_high)
-            if found is None:
-                return  # w never exceeds 1 + epsilon_high: nothing is silenced
-            if found == (0.0, 1.0):
-                which = "every token probability p in [0, 1]"
-            elif found[1] == 1.0:
-                which = f"every token probability p > {found[0]:.3f}"
-            else:
-                which = f"every token probability p < {found[1]:.3f}"
-        elif "random" in self.strategies:
-            low, high = self.random_weight_low, self.random_weight_high
-            span = max(high - low, 1e-12)
-            fraction = min(max((high - (1 + eps_high)) / span, 0.0), 1.0)
-            if fraction == 0.0:
-                return
-            which = f"a random {fraction:.1%} of tokens (w ~ U[{low}, {high}] > 1 + epsilon_high)"
-        elif "equal" in self.strategies:
-            return  # w = 1
-        else:
-            which = "every token whose weight exceeds 1 + epsilon_high"
-        warnings.warn(
-            f"weight_placement='ratio' (GRPO-SG Eq. 13 as printed): on-policy (r = 1) a positive-advantage token "
-            f"with w * r > 1 + epsilon_high = {1 + eps_high:g} lands in the clipped branch and gets no gradient: here "
-            f"{which}. Confident tokens of correct answers are then only pushed down. `weight_placement: loss` (the "
-            "default) keeps GRPO's gradient times w (docs/methods.md §1).",
-            UserWarning,
-            stacklevel=3,
-        )
-
-    def _warn_if_flat_weights(self) -> None:
-        import torch
-
-        from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
-
-        grid = torch.linspace(0.0, 1.0, 1001, dtype=torch.float64)
-        weights = probability_shaping_weights(grid, self.sg_alpha, self.sg_mu, self.sg_tau, self.sg_lower, self.sg_upper)
-        low, high = weights.min().item(), weights.max().item()
-        if high - low < 1e-6:
-            warnings.warn(
-                f"GRPO-SG weights are constant ({low:.4f}..{high:.4f}) for every token probability in [0, 1] with "
-                f"sg_alpha={self.sg_alpha}, sg_mu={self.sg_mu}, sg_tau={self.sg_tau}, clip [{self.sg_lower}, "
-                f"{self.sg_upper}]: this is plain GRPO. The papers print tau = 9, which does this; the default is "
-                "tau = 1/9 (docs/methods.md §1).",
-                UserWarning,
-                stacklevel=3,
-            )
+        for name in STRATEGIES.names():
+            STRATEGIES.get(name).check_params(self)
+        for cls in strategy_classes:
+            cls.check_config(self)
 
 
 # What each field of ours accepts, from the fields' own declarations, plus the values we add to two of TRL's fields
 # (sharpgrpo.validation; relations between fields are checked in `SharpGRPOConfig._validate`; TRL's own fields:
 # TRL_FIELD_RULES).
 FIELD_RULES = {
-    "loss_type": one_of(*SUPPORTED_LOSS_TYPES),
+    "loss_type": one_of(*LOSS_TYPES),
     "importance_sampling_level": one_of(*IMPORTANCE_SAMPLING_LEVELS),
     **{f.name: f.rule for f in fields(SharpGRPOConfig) if isinstance(f, _RuledField)},
 }

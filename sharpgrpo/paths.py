@@ -1,4 +1,4 @@
-"""Where the project's optional shared evaluation data lives.
+"""Paths: where the project's optional shared evaluation data lives, and whether a name is meant as a local path.
 
 The evaluation data (``shared/data``, see its SOURCES.md files) is not shipped with the package. It is looked up
 in ``$SHARPGRPO_SHARED_DIR`` if set, else in a ``shared`` folder beside the repository checkout.
@@ -31,3 +31,19 @@ def shared_data_dir(subdir: str = "") -> Path | None:
         return None
     path = root / "data" / subdir
     return path if path.exists() else None
+
+
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether ``name`` is meant as a local path rather than a Hub id ``org/name``.
+
+    True for absolute paths, ``./``, ``../`` and ``~`` prefixes, a trailing or doubled separator, backslashes,
+    more than one ``/`` (Hub ids have at most one), a data-file suffix, and ``dir/name`` whose ``dir`` exists here.
+    """
+    if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or os.path.isabs(name) or name in (".", ".."):
+        return True
+    if "\\" in name or name.endswith("/") or name.count("/") >= 2 or name.lower().endswith(_DATA_SUFFIXES):
+        return True
+    return "/" in name and Path(name).parent.is_dir()

@@ -5,7 +5,7 @@ A setting is a module whose import registers what it brings into the package's r
 choose the evaluator's backend, complete the configuration and wrap the generator, e.g. into multi-turn episodes,
 through its hooks ``backend``, ``prepare_config`` and ``wrap_generator``), training options and their rollout
 (``register_training_setting``), prepared models
-(``sharpgrpo.prepared_models.register_prepared_model``) and reward functions (``reward_fns.register_reward``). The
+(``sharpgrpo.models.prepared.register_prepared_model``) and reward functions (``reward_fns.register_reward``). The
 trainer takes a multi-turn rollout as TRL's ``rollout_func``. The modules in ``SETTING_MODULES`` are imported on the
 first lookup in the data set, evaluation task or prepared model registry; ``add_setting("my_package.my_setting")``
 adds another, so that neither the trainer nor the evaluation runner changes for it.

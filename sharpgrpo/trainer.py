@@ -1,9 +1,9 @@
 """``SharpGRPOTrainer``: TRL's ``GRPOTrainer`` with pluggable token-level strategies (tested with trl==1.16.0).
 
-Glue only: the strategies (`sharpgrpo.strategies`), the loss's pure functions (`sharpgrpo.losses`), its metrics
-(`sharpgrpo.loss_metrics`), the policy inputs of advantage strategies (`sharpgrpo.policy_inputs`), the advantage
-pipeline (`sharpgrpo.advantage_pipeline`), checkpoint state (`sharpgrpo.strategy_state`), the lifecycle
-(`sharpgrpo.lifecycle`) and the model card (`sharpgrpo.model_card`) live in their own modules. Overridden:
+Glue only: the strategies (`sharpgrpo.strategies`), the loss's pure functions (`sharpgrpo.training.losses`), its metrics
+(`sharpgrpo.training.loss_metrics`), the policy inputs of advantage strategies (`sharpgrpo.training.policy_inputs`), the advantage
+pipeline (`sharpgrpo.training.advantage_pipeline`), checkpoint state (`sharpgrpo.training.strategy_state`), the lifecycle
+(`sharpgrpo.run.lifecycle`) and the model card (`sharpgrpo.training.model_card`) live in their own modules. Overridden:
 
 * ``_generate_and_score_completions`` (TRL): after TRL has generated, scored and normalised a generation batch, tag
   every row with its group id and index in the group (so group structure survives TRL's shuffling and splitting)
@@ -27,22 +27,23 @@ from typing import Any, ClassVar
 import torch
 from trl import GRPOTrainer
 
-from sharpgrpo.advantage_pipeline import (
+from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.diagnostics.score_dump import dump_token_scores
+from sharpgrpo.diagnostics.sharpness import SharpnessProbe
+from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
+from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
+from sharpgrpo.strategies.correctness import answer_verdicts
+from sharpgrpo.training.advantage_pipeline import (
     GenerationRecord,
     gathered_batch,
     run_advantage_strategies,
     split_folded,
     tag_groups,
 )
-from sharpgrpo.config import SharpGRPOConfig
-from sharpgrpo.correctness import answer_verdicts
-from sharpgrpo.diagnostics.score_dump import dump_token_scores
-from sharpgrpo.diagnostics.sharpness import SharpnessProbe
-from sharpgrpo.entropy_bonus import entropy_bonus
-from sharpgrpo.generation_capture import GenerationCapture, fit_width
-from sharpgrpo.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
-from sharpgrpo.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
-from sharpgrpo.losses import (
+from sharpgrpo.training.entropy_bonus import entropy_bonus
+from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
+from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
+from sharpgrpo.training.losses import (
     PPO_CLIP_LOSS_TYPES,
     WINDOW_NORMALISED_LOSS_TYPES,
     aggregate_loss,
@@ -51,12 +52,11 @@ from sharpgrpo.losses import (
     weighted_policy_surrogate,
     window_token_share,
 )
-from sharpgrpo.model_card import strategy_card_section, trl_paper, write_model_card
-from sharpgrpo.policy_inputs import Policy, causal_lm, prompt_completion
-from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
-from sharpgrpo.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
-from sharpgrpo.validation import StrategyOutputChecker, checked_reward_functions
-from sharpgrpo.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
+from sharpgrpo.training.model_card import strategy_card_section, trl_paper, write_model_card
+from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
+from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
+from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 
 # Model inputs besides ids and mask that TRL's forward passes on (multimodal models).
 FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -104,7 +104,7 @@ class SharpGRPOTrainer(GRPOTrainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``; ``resume_from_checkpoint=True`` (or "true") takes the newest *complete* checkpoint
-        and a named one is checked for damaged files first (`sharpgrpo.lifecycle`)."""
+        and a named one is checked for damaged files first (`sharpgrpo.run.lifecycle`)."""
         resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         warn_if_off_boundary(resume_from_checkpoint, self.args)
         return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -129,7 +129,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        if self.use_vllm and self.vllm_mode == "server":  # a seed per request (`sharpgrpo.vllm_seeding`)
+        if self.use_vllm and self.vllm_mode == "server":  # a seed per request (`sharpgrpo.training.vllm_seeding`)
             self.vllm_generation.generation_kwargs = server_generation_kwargs(self.args, self._generation_count)
         self._generation = GenerationRecord(inputs=inputs)
         output = super()._generate_and_score_completions(inputs)
@@ -158,7 +158,7 @@ class SharpGRPOTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation, with the sampling log-probabilities and last hidden states read from transformers'
-        ``generate`` when a strategy needs them (`sharpgrpo.generation_capture`; no second forward)."""
+        ``generate`` when a strategy needs them (`sharpgrpo.training.generation_capture`; no second forward)."""
         strategies = self._generation_strategies()
         logps = any(s.needs_old_logps for s in strategies) and not self._trl_computes_old_logps()
         hidden = any(s.needs_hidden_states for s in strategies)
@@ -174,7 +174,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         return completion_ids, logprobs
 
     def _policy(self) -> Policy:
-        """The policy as the advantage strategies read it (`sharpgrpo.policy_inputs`)."""
+        """The policy as the advantage strategies read it (`sharpgrpo.training.policy_inputs`)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
         return Policy(causal_lm(self.accelerator, self.model), zero3, self.temperature,
@@ -227,7 +227,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         """The weight strategy's w (detached unless its ``loss_weights`` lets gradient through) and the output
         checker's device count of invalid values."""
         weights = self.weight_strategy.loss_weights(per_token_logps, mask, advantages)
-        return weights, self._strategy_output_checker.weights(self.weight_strategy, weights, per_token_logps, mask)
+        return weights, self._strategy_output_checker.count_bad_weights(self.weight_strategy, weights, per_token_logps, mask)
 
     def _compute_loss(self, model, inputs):
         """TRL 1.16 ``GRPOTrainer._compute_loss`` for every loss type, with token weights (docs/methods.md §1)."""
@@ -345,7 +345,7 @@ class SharpGRPOTrainer(GRPOTrainer):
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, base_model: str | None = None):
         """TRL's model card, plus a section naming the strategies, their parameters and papers
-        (`sharpgrpo.model_card.write_model_card`)."""
+        (`sharpgrpo.training.model_card.write_model_card`)."""
         write_model_card(self, super().create_model_card, model_name, dataset_name, tags, base_model)
 
     def strategy_card_section(self) -> str:

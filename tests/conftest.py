@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """A tiny Qwen2 and its tokenizer, built locally (no download) and loaded by path like any hub model."""
-    from sharpgrpo.tiny import build_tiny_model
+    from sharpgrpo.models.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2"))
 

@@ -46,11 +46,11 @@ def make_trainer(
 ) -> SharpGRPOTrainer:
     """A trainer on ``model_path`` with its own tokenizer. ``reward_funcs`` default to the demo task's
     ``allowed_letters_reward``, ``train_dataset`` is a dataset or a number of demo prompts
-    (``sharpgrpo.demo.demo_dataset``), ``trainer_class`` defaults to ``SharpGRPOTrainer``."""
+    (``sharpgrpo.data.demo.demo_dataset``), ``trainer_class`` defaults to ``SharpGRPOTrainer``."""
     from transformers import AutoTokenizer
 
     from sharpgrpo import SharpGRPOTrainer
-    from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+    from sharpgrpo.data.demo import allowed_letters_reward, demo_dataset
 
     trainer_class = trainer_class or SharpGRPOTrainer
     reward_funcs = reward_funcs or [allowed_letters_reward]
@@ -67,6 +67,6 @@ def make_trainer(
 def binary_letters_reward(prompts, completions, allowed, **kwargs):
     """The demo reward thresholded at 0.5: binary, so that every strategy applies (pass@k and THR need correct and
     incorrect completions in a group)."""
-    from sharpgrpo.demo import allowed_letters_reward
+    from sharpgrpo.data.demo import allowed_letters_reward
 
     return [float(r >= 0.5) for r in allowed_letters_reward(prompts, completions, allowed)]

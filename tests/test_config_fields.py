@@ -55,11 +55,11 @@ def test_every_trl_loss_type_and_the_entropy_bonus_are_accepted(tmp_path):
 
     from trl import GRPOConfig
 
-    from sharpgrpo.config import SUPPORTED_LOSS_TYPES
+    from sharpgrpo.training.losses import LOSS_TYPES
 
     trl_help = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
     trl_loss_types = set(re.findall(r"'(\w+)'", re.search(r"Supported values are (.*?)\.", trl_help).group(1)))
-    assert trl_loss_types == set(SUPPORTED_LOSS_TYPES)
+    assert trl_loss_types == set(LOSS_TYPES)
     for loss_type in sorted(trl_loss_types):
         assert cpu_config(tmp_path, loss_type=loss_type, weight_placement="loss", entropy_coef=0.01).loss_type == loss_type
     adaptive = cpu_config(tmp_path, use_adaptive_entropy=True, entropy_target=0.5, weight_placement="loss")

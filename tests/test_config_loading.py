@@ -1,8 +1,8 @@
 """The config file means what it says, and every parse error is one line.
 
-The YAML loader (``sharpgrpo.config_file``) refuses a duplicated key naming both lines, bounds aliases, refuses a
+The YAML loader (``sharpgrpo.run.config_file``) refuses a duplicated key naming both lines, bounds aliases, refuses a
 non-scalar ``env:`` value and applies the ``env:`` block before transformers and the Hub client are imported; the
-parser (``sharpgrpo.config_parser``) turns argparse's usage block into one line naming the field and the value.
+parser (``sharpgrpo.run.config_parser``) turns argparse's usage block into one line naming the field and the value.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from helpers import cpu_config
 from trl import ModelConfig
 
 from sharpgrpo import SharpGRPOConfig
-from sharpgrpo.config_file import MAX_EXPANDED_NODES, apply_config_env, config_path_from_args, read_config
-from sharpgrpo.config_parser import ConfigParser
+from sharpgrpo.run.config_file import MAX_EXPANDED_NODES, apply_config_env, config_path_from_args, read_config
+from sharpgrpo.run.config_parser import ConfigParser
 from sharpgrpo.search.config import SearchArguments
 from sharpgrpo.validation import ConfigError
 
@@ -33,7 +33,7 @@ def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
 
 
 def parse(args: list[str]):
-    import train
+    from sharpgrpo.cli import train
 
     parser = ConfigParser((train.TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
     return parser.parse_args_and_config(args)

@@ -12,10 +12,10 @@ import torch
 from helpers import binary_letters_reward, cpu_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from sharpgrpo import policy_inputs
-from sharpgrpo.demo import demo_dataset
-from sharpgrpo.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
+from sharpgrpo.data.demo import demo_dataset
 from sharpgrpo.strategies.probability_shaping import ar_token_advantages
+from sharpgrpo.training import policy_inputs
+from sharpgrpo.training.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
 
 LOGP_ATOL = 2e-5
 

@@ -1,4 +1,4 @@
-"""One guard for output_dir (``sharpgrpo.output_dir``): a live run's folder is locked against a second run (a real
+"""One guard for output_dir (``sharpgrpo.run.output_dir``): a live run's folder is locked against a second run (a real
 second process), a used folder is refused unless the run resumes or overwrites, and a path that is a file, below a
 file or not writable is refused before anything loads."""
 
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from sharpgrpo.output_dir import LOCK_NAME, guard_output_dir
+from sharpgrpo.run.output_dir import LOCK_NAME, guard_output_dir
 from sharpgrpo.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 HOLDER = (
-    "import sys, time\nfrom sharpgrpo.output_dir import guard_output_dir\n"
+    "import sys, time\nfrom sharpgrpo.run.output_dir import guard_output_dir\n"
     "with guard_output_dir(sys.argv[1], resuming=False, overwrite=False):\n"
     "    print('held', flush=True)\n    time.sleep(60)\n"
 )

@@ -2,7 +2,12 @@
 
 import pytest
 
-from sharpgrpo.prepared_models import PREPARED_MODELS, prepared_model_names, register_prepared_model, resolve_model_name
+from sharpgrpo.models.prepared import (
+    PREPARED_MODELS,
+    prepared_model_names,
+    register_prepared_model,
+    resolve_model_name,
+)
 
 
 def test_builtin_names_are_registered():

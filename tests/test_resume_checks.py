@@ -1,4 +1,4 @@
-"""Resuming is checked before the model loads (``sharpgrpo.lifecycle.check_resume_compatible``): a checkpoint saved
+"""Resuming is checked before the model loads (``sharpgrpo.run.lifecycle.check_resume_compatible``): a checkpoint saved
 for another architecture is refused naming the differing field; one trained with other strategies warns naming
 both lists."""
 
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from sharpgrpo.lifecycle import TRAINING_ARGS_JSON, CheckpointError, check_resume_compatible
+from sharpgrpo.run.lifecycle import TRAINING_ARGS_JSON, CheckpointError, check_resume_compatible
 
 MODEL = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 260}
 

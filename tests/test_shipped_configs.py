@@ -77,7 +77,7 @@ def parse(path: Path, *extra: str):
     """(TaskArguments, SharpGRPOConfig, ModelConfig) as train.py parses them (with its SearchArguments)."""
     sys.path.insert(0, str(REPO))
     try:
-        import train
+        from sharpgrpo.cli import train
     finally:
         sys.path.remove(str(REPO))
     from trl import ModelConfig, TrlParser
@@ -173,7 +173,7 @@ def test_cw_grpo_cpu_config_trains(tiny_model_path, tmp_path, restore_environmen
         pytest.skip("the config reads the shared math data (shared/data/math), which is not available")
     sys.path.insert(0, str(REPO))
     try:
-        import train
+        from sharpgrpo.cli import train
     finally:
         sys.path.remove(str(REPO))
     task, args, model_args = parse(

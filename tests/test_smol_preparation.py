@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from sharpgrpo import smol
-from sharpgrpo.prepared_models import prepared_model_names
+from sharpgrpo.models import smol
+from sharpgrpo.models.prepared import prepared_model_names
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_an_unreachable_index_gives_one_line_and_builds_nothing(tmp_path, monkey
 
 def test_the_name_passes_train_py_model_check_offline(monkeypatch, tmp_path):
     """Offline, a name that is no directory and not in the Hub cache is refused, except a prepared model's."""
-    from sharpgrpo.cli_checks import check_model_source
+    from sharpgrpo.models.source import check_model_source
     from sharpgrpo.validation import ConfigError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -8,9 +8,9 @@ from helpers import cpu_config
 
 from sharpgrpo import SharpGRPOConfig
 from sharpgrpo.config import FIELD_RULES
-from sharpgrpo.model_card import strategy_card_section
 from sharpgrpo.strategies import STRATEGIES
 from sharpgrpo.strategy_params import StrategyParams
+from sharpgrpo.training.model_card import strategy_card_section
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

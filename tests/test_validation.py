@@ -17,7 +17,7 @@ from helpers import CPU, cpu_config
 from trl import ModelConfig, TrlParser
 
 from sharpgrpo import SharpGRPOConfig
-from sharpgrpo.cli_checks import one_line_errors
+from sharpgrpo.run.errors import one_line_errors
 from sharpgrpo.validation import ConfigError, between, integer, one_of, parse_strategy_names, positive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -169,12 +169,9 @@ def test_every_rule_stricter_than_trl_is_explained_in_the_readme(tmp_path):
 
 @pytest.fixture(scope="module")
 def train_module():
-    spec = importlib.util.spec_from_file_location("sharpgrpo_train_script", REPO / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    from sharpgrpo.cli import train
+
+    yield train
 
 
 @pytest.fixture

@@ -2,9 +2,8 @@
 
 Each subcommand runs its module exactly as ``python -m MODULE ARGS...`` would (``runpy``, as ``__main__``), so
 arguments, exit codes and one-line errors are the module's own; ``sharpgrpo SUBCOMMAND --help`` shows its options.
-``train`` runs ``train.py`` of the source checkout that this package was installed from (``pip install -e .``), the
-readable top-level training script; ``eval``, ``compare`` and ``plot`` are the modules beside this one
-(``sharpgrpo.cli.eval`` ...), as is ``tokens``; ``serve`` is
+``train``, ``eval``, ``compare``, ``plot`` and ``tokens`` are the modules beside this one (``sharpgrpo.cli.train``
+...; the repository's ``train.py`` is a thin script over ``sharpgrpo.cli.train``); ``serve`` is
 ``sharpgrpo.search.server`` (the search setting keeps its command line: nothing outside ``sharpgrpo.search``
 imports it). ``python -m sharpgrpo SUBCOMMAND`` is the same as ``sharpgrpo SUBCOMMAND``.
 """
@@ -13,11 +12,10 @@ from __future__ import annotations
 
 import runpy
 import sys
-from pathlib import Path
 
 # subcommand -> (module run as __main__, what it does)
 COMMANDS = {
-    "train": ("train.py", "train with a YAML config (train.py)"),
+    "train": ("sharpgrpo.cli.train", "train with a YAML config (a file, or a shipped config by name: demo, ...)"),
     "eval": ("sharpgrpo.cli.eval", "evaluate a model or a run on a task (K&K, math, QA, search QA, ...)"),
     "compare": ("sharpgrpo.cli.compare", "train every (strategy, seed) of one config and compare them"),
     "plot": ("sharpgrpo.cli.plot", "plot runs' training curves and grad-norm variability"),
@@ -32,17 +30,6 @@ def usage() -> str:
     return "usage: sharpgrpo {" + ",".join(COMMANDS) + "} [ARGS...]\n\n" + "\n".join(lines)
 
 
-def train_script() -> Path:
-    """``train.py`` beside the package (a source checkout); a clear error otherwise."""
-    script = Path(__file__).resolve().parents[2] / "train.py"
-    if not script.is_file():
-        raise SystemExit(
-            f"error: `sharpgrpo train` runs train.py of the source checkout, and there is none at {script}; "
-            "install from a clone (`pip install -e .`) or run `python train.py` there."
-        )
-    return script
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -51,12 +38,5 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         raise SystemExit(f"error: unknown command {command!r}; must be one of {', '.join(COMMANDS)}.\n{usage()}")
-    target = COMMANDS[command][0]
-    if command == "train":
-        script = train_script()
-        sys.argv = [str(script), *rest]
-        sys.path.insert(0, str(script.parent))
-        runpy.run_path(str(script), run_name="__main__")
-    else:
-        sys.argv = [f"sharpgrpo {command}", *rest]
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    sys.argv = [f"sharpgrpo {command}", *rest]
+    runpy.run_module(COMMANDS[command][0], run_name="__main__", alter_sys=True)

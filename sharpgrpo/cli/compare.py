@@ -151,7 +151,7 @@ def _stop_signals_as_keyboard_interrupt() -> dict[int, Any]:
     """Make SIGINT, SIGTERM and SIGHUP stop the comparison like Ctrl-C; return the previous handlers (none off the
     main thread, where handlers cannot be set). SIGINT too: a process started in the background by a
     non-interactive shell inherits SIGINT ignored, and Python then raises no KeyboardInterrupt for it (train.py's
-    own handler, sharpgrpo.lifecycle, is installed the same way)."""
+    own handler, sharpgrpo.run.lifecycle, is installed the same way)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 

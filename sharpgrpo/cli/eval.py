@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from sharpgrpo.cli_checks import one_line_errors
+    from sharpgrpo.run.errors import one_line_errors
 
     with one_line_errors():  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
         main()

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from sharpgrpo.cli_checks import one_line_errors
+    from sharpgrpo.run.errors import one_line_errors
 
     with one_line_errors():  # one line per error; --debug or SHARPGRPO_DEBUG=1 for the traceback
         main()

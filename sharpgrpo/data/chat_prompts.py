@@ -51,7 +51,7 @@ def unused_template_message(
 def warn_if_template_unused(dataset, tokenizer, dataset_name: str, dataset_kwargs: Any = None) -> None:
     """Warn once per process when plain-string prompts skip the tokenizer's chat template (see the module)."""
     global _warned
-    from sharpgrpo.cli_checks import dataset_loader, parse_dataset_kwargs
+    from sharpgrpo.data.checks import dataset_loader, parse_dataset_kwargs
 
     message = unused_template_message(
         dataset, tokenizer, dataset_name, parse_dataset_kwargs(dataset_kwargs), dataset_loader(dataset_name)

@@ -157,9 +157,9 @@ def policy_inputs(
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """TRL's batch layout (prompts left-padded, completions right-padded, mask up to and including the first EOS)
     with the last hidden states (B, T, H) predicting each completion token and their temperature-scaled
-    log-probabilities (B, T), from one backbone forward (``sharpgrpo.policy_inputs``) and the LM head."""
-    from sharpgrpo.generation_capture import logps_from_hidden_states
-    from sharpgrpo.policy_inputs import completion_hidden_states
+    log-probabilities (B, T), from one backbone forward (``sharpgrpo.training.policy_inputs``) and the LM head."""
+    from sharpgrpo.training.generation_capture import logps_from_hidden_states
+    from sharpgrpo.training.policy_inputs import completion_hidden_states
 
     device = next(model.parameters()).device
     prompt_ids = encode_prompts(tokenizer, prompts, apply_chat_template)
@@ -213,9 +213,8 @@ def strategy_factors(
     from collections import defaultdict
     from dataclasses import replace
 
-    from sharpgrpo.advantage_pipeline import run_advantage_strategies
-    from sharpgrpo.validation import StrategyOutputChecker
-
+    from sharpgrpo.training.advantage_pipeline import run_advantage_strategies
+    from sharpgrpo.training.output_checks import StrategyOutputChecker
     checker = checker or StrategyOutputChecker({name: type(s) for name, s in zip(names, strategies, strict=True)})
     steps, advantages = [], batch.advantages
     for strategy, name in zip(strategies, names, strict=True):
@@ -248,9 +247,9 @@ def analyze_advantage_tokens(
     Returns ``{"strategies", "temperature", "settings", "batches": [...], "overall": {...}}``; every batch holds
     per completion the token ids, pieces, probabilities, sequence advantage ``A``, the factors (None where A = 0),
     each strategy's own factor and scores, and the weights of ``weight_strategy``."""
-    from sharpgrpo.correctness import correct_completions, fallback_rule
     from sharpgrpo.diagnostics.token_page import token_pieces, write_advantage_token_page
     from sharpgrpo.strategies import STRATEGIES, GenerationBatch
+    from sharpgrpo.strategies.correctness import correct_completions, fallback_rule
 
     saved = dict(saved or {})
     if temperature is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+
 @torch.no_grad()
 def sample_group(model, tokenizer, prompt: str, length: int, group_size: int, seed: int):
     """(hidden (G, L, H), completion ids (G, L), sampled-token probabilities (G, L)) of G sampled completions."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.prepared_models import resolve_model_name
+from sharpgrpo.models.prepared import resolve_model_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharpgrpo.cli_checks import check_model_source
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
+from sharpgrpo.models.source import check_model_source
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
 # the output paths may change between runs.)
@@ -211,7 +211,7 @@ def _model_max_length(path: Path) -> int | None:
 def default_max_new_tokens(model: str) -> tuple[int, str]:
     """``(budget, where it comes from)``: the run's ``max_completion_length`` from ``training_args.json`` in the
     model folder or, for a ``checkpoint-N``, its run folder; else 4096; capped by the model's maximum length."""
-    from sharpgrpo.prepared_models import resolve_model_name
+    from sharpgrpo.models.prepared import resolve_model_name
 
     path = Path(resolve_model_name(model))
     budget, source = PAPERS_MAX_NEW_TOKENS, f"the papers' {PAPERS_MAX_NEW_TOKENS}"

@@ -32,7 +32,7 @@ def run_episode_limits(model: str) -> tuple[dict[str, int], str | None]:
     import json
     from pathlib import Path
 
-    from sharpgrpo.prepared_models import resolve_model_name
+    from sharpgrpo.models.prepared import resolve_model_name
     from sharpgrpo.search.config import SEARCH_ARGS_JSON
 
     path = Path(resolve_model_name(model))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sharpgrpo.prepared_models import register_prepared_model
+from sharpgrpo.models.prepared import register_prepared_model
 from sharpgrpo.search.format import INFO_CLOSE, INFO_OPEN, SEARCH_CLOSE, SEARCH_OPEN, information_block, make_prompt
 
 TINY_SEARCH_NAME = "sharpgrpo-tiny-search"
@@ -44,7 +44,7 @@ def search_episode(rng: random.Random) -> tuple[str, str, str, str]:
 
 
 def build_search_tokenizer():
-    from sharpgrpo.tiny import build_tokenizer
+    from sharpgrpo.models.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     tokenizer.add_tokens(SEARCH_TAG_TOKENS)
@@ -79,7 +79,7 @@ def build_tiny_search_model(directory: str | os.PathLike, warm_start_steps: int 
     finally:
         torch.set_num_threads(threads)
     model.eval()
-    from sharpgrpo.tiny import save_built_model
+    from sharpgrpo.models.tiny import save_built_model
 
     return save_built_model(model, tokenizer, directory)
 

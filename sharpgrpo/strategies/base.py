@@ -16,6 +16,7 @@ inherits); a strategy reads them as plain attributes and lists them in ``params`
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -58,9 +59,9 @@ class GenerationBatch:
             ``needs_hidden_states``.
         unembedding_weight: (V, H) or None; the LM head weight, with ``unembedding_bias`` (V,) or None.
         temperature: the sampling temperature that scales the logits.
-        correct: (B,) bool or None; whether each completion is correct (``sharpgrpo.correctness``: the reward
+        correct: (B,) bool or None; whether each completion is correct (``sharpgrpo.strategies.correctness``: the reward
             functions' answer checks, else the docs/methods.md §3 fallback). Filled when a strategy sets
-            ``needs_correctness``; strategies read it through ``sharpgrpo.correctness.batch_correct``.
+            ``needs_correctness``; strategies read it through ``sharpgrpo.strategies.correctness.batch_correct``.
     """
 
     old_logps: torch.Tensor | None
@@ -77,19 +78,75 @@ class GenerationBatch:
     correct: torch.Tensor | None = None
 
 
-class TokenWeightStrategy:
+class Strategy:
+    """What every strategy declares and checks, whatever its kind.
+
+    ``check_params`` (relations among its own parameters, for every registered strategy) and ``check_config`` (the
+    whole config, when the strategy is selected) are the strategy's own checks, run once while the config (a
+    ``SharpGRPOConfig``) is built, before any model loads: raise ``sharpgrpo.validation.ConfigError`` with one line
+    naming the field, or ``warnings.warn`` for a setting that runs but likely does not do what was meant. A single
+    field's range is declared with the field (``sharpgrpo.strategy_params``), not here.
+    """
+
+    kind: ClassVar[str] = ""
+    params: ClassVar[tuple[str, ...]] = ()  # config fields it reads (model card)
+    paper: ClassVar[StrategyPaper | None] = None
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    @classmethod
+    def check_params(cls, args: Any) -> None:
+        """Relations among this strategy's own parameters (e.g. low <= high), checked for every registered strategy,
+        selected or not, since every config carries every parameter; nothing by default."""
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """Cross-field checks and warnings on the whole config, run when the strategy is selected; nothing by
+        default."""
+
+    def state_dict(self) -> dict:
+        """State that must survive checkpoint and resume (e.g. a random generator's state tensor): tensors, numbers,
+        strings, lists and dicts only, since checkpoints are loaded with ``torch.load(weights_only=True)``."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class TokenWeightStrategy(Strategy):
     """Base class of token-weight strategies. Subclasses implement ``weights``."""
 
     kind: ClassVar[str] = "weight"
     params: ClassVar[tuple[str, ...]] = ("weight_placement", "kl_weighting")  # config fields it reads (model card)
-    paper: ClassVar[StrategyPaper | None] = None
     # Weights must be > 0 on completion tokens; a strategy whose weights may be exactly 0 (a Gaussian kernel far from
     # its centre underflows in float32) sets this, and is then checked for >= 0. Such a strategy must not be combined
     # with ``kl_weighting: inside`` (log w).
     zero_weights: ClassVar[bool] = False
 
-    def __init__(self, args: Any):
-        self.args = args
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """With ``weight_placement: ratio``, a warning naming the tokens it silences (:meth:`ratio_silenced`)."""
+        if args.weight_placement != "ratio":
+            return
+        eps_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        which = cls.ratio_silenced(args, eps_high)
+        if which is None:
+            return
+        warnings.warn(
+            f"weight_placement='ratio' (GRPO-SG Eq. 13 as printed): on-policy (r = 1) a positive-advantage token "
+            f"with w * r > 1 + epsilon_high = {1 + eps_high:g} lands in the clipped branch and gets no gradient: here "
+            f"{which}. Confident tokens of correct answers are then only pushed down. `weight_placement: loss` (the "
+            "default) keeps GRPO's gradient times w (docs/methods.md §1).",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    @classmethod
+    def ratio_silenced(cls, args: Any, epsilon_high: float) -> str | None:
+        """With ``weight_placement: ratio``, which tokens get w > 1 + ``epsilon_high`` (and so no gradient when their
+        advantage is positive), in words; None when none do."""
+        return "every token whose weight exceeds 1 + epsilon_high"
 
     def weights(self, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(B, T) detached log-probabilities and mask -> (B, T) weights (any value on masked positions)."""
@@ -106,21 +163,11 @@ class TokenWeightStrategy:
         """The range the weights can take; tokens at either end are counted in ``token_weight/frac_at_*``."""
         raise NotImplementedError
 
-    def state_dict(self) -> dict:
-        """State that must survive checkpoint and resume (e.g. a random generator's state tensor): tensors, numbers,
-        strings, lists and dicts only, since checkpoints are loaded with ``torch.load(weights_only=True)``."""
-        return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-class AdvantageStrategy:
+class AdvantageStrategy(Strategy):
     """Base class of advantage strategies. Subclasses implement ``token_advantages``."""
 
     kind: ClassVar[str] = "advantage"
-    params: ClassVar[tuple[str, ...]] = ()  # config fields it reads (model card)
-    paper: ClassVar[StrategyPaper | None] = None
     needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
     needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
     needs_correctness: ClassVar[bool] = False  # fill GenerationBatch.correct (runs the answer checks)
@@ -130,9 +177,6 @@ class AdvantageStrategy:
     # log-probabilities are computed at generation. Such a strategy implements ``loss_factor``.
     folds_into_loss: ClassVar[bool] = False
     loss_factor_metric: ClassVar[str] = ""  # the metric the loss logs for the factor's masked mean
-
-    def __init__(self, args: Any):
-        self.args = args
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Whole groups -> ((B, T) token advantages, metrics averaged over the batch)."""
@@ -148,8 +192,57 @@ class AdvantageStrategy:
         out for inspection by ``thr_debug_dump``; None for strategies without such scores."""
         return None
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+@dataclass(frozen=True)
+class LossContext:
+    """What a loss-side strategy sees of one micro-batch inside the loss. Shapes: ``B`` completions, ``T`` tokens.
+
+    Attributes:
+        logps: (B, T) log-probabilities of the sampled tokens under the policy being trained, with their graph.
+        old_logps: (B, T) detached log-probabilities under the policy that sampled them (the loss's own detached
+            ``logps`` on-policy).
+        advantages: (B, 1) or (B, T) the advantages the loss uses (after the advantage strategies).
+        mask: (B, T) {0, 1}, 1 on completion tokens that enter the loss.
+        entropies: (B, T) detached per-token entropy of the policy being trained (the tensor TRL's loss computes).
+        epsilon_low, epsilon_high: the configured clip range of the ratio.
+    """
+
+    logps: torch.Tensor
+    old_logps: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    entropies: torch.Tensor | None
+    epsilon_low: float
+    epsilon_high: float
+
+
+@dataclass
+class LossTerms:
+    """What a loss-side strategy changes in the per-token loss; every field (B, T) or None (unchanged).
+
+    Attributes:
+        gradient_mask: {0, 1}; 0 stops the gradient of the token's policy term (its value stays): Clip-Cov.
+        token_mask: {0, 1}; 0 removes the token's policy term from the loss: a trust-region mask (DPPO).
+        extra_loss: a per-token term added to the per-token loss, with its own graph: KL-Cov's penalty.
+        epsilon_low, epsilon_high: per-token clip range replacing the configured one: Archer.
+        kl_weight: a per-token factor on the beta * KL term: Archer.
+    """
+
+    gradient_mask: torch.Tensor | None = None
+    token_mask: torch.Tensor | None = None
+    extra_loss: torch.Tensor | None = None
+    epsilon_low: torch.Tensor | None = None
+    epsilon_high: torch.Tensor | None = None
+    kl_weight: torch.Tensor | None = None
+
+
+class TokenLossStrategy(Strategy):
+    """Base class of loss-side strategies: per micro-batch, inside the loss, they change how each token's policy term
+    enters it (:class:`LossTerms`: gradient masks, trust-region masks, extra per-token terms, per-token clip ranges).
+    Subclasses implement ``loss_terms``; metrics are device scalars (no host synchronisation), logged as the trainer
+    logs the weight metrics."""
+
+    kind: ClassVar[str] = "loss"
+
+    def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+        raise NotImplementedError

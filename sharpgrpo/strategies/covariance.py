@@ -55,6 +55,7 @@ from sharpgrpo.strategies.base import (
     register_strategy,
 )
 from sharpgrpo.strategy_params import CW_ADVANTAGE_MEANS, CW_SCOPES, CW_VARIANTS, DEFAULT_SIGMA_EPS
+from sharpgrpo.validation import ConfigError
 
 
 def _scope_sum(values: torch.Tensor, inverse: torch.Tensor, num_scopes: int) -> torch.Tensor:
@@ -233,6 +234,20 @@ class CovarianceWeighting(AdvantageStrategy):
         "Gaussian-Kernel Advantage Reweighting. arXiv:2605.11538.",
         "2605.11538",
     )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """`cw_variant: released` only where the configuration computes the released loss (one line naming the
+        setting that does); `cw_weight_gradient: true` only with it."""
+        if args.cw_variant == "released":
+            conflict = released_variant_conflict(args)
+            if conflict:
+                raise ConfigError(conflict)
+        elif args.cw_weight_gradient:
+            raise ConfigError(
+                "cw_weight_gradient=True: needs cw_variant: released (the paper variant's weights come from the "
+                "sampling policy at generation, without gradient)."
+            )
 
     def __new__(cls, args: Any):
         # `cw_variant: released` computes its weights in the loss instead (a token-weight strategy).

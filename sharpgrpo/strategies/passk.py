@@ -1,6 +1,6 @@
 """Pass@k-mixed advantages (Chen et al. 2025, "Pass@k Training"; docs/methods.md §4; THR paper Sec. 6.2).
 
-Per group of n = G completions, c of them correct (``sharpgrpo.correctness``: the task's answer check, else the
+Per group of n = G completions, c of them correct (``sharpgrpo.strategies.correctness``: the task's answer check, else the
 docs/methods.md §3 fallback; for binary rewards, the completions with reward 1):
 
     rho     = 1 - C(n-c, K) / C(n, K)                      # unbiased pass@K of the group
@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.correctness import batch_correct
 from sharpgrpo.strategies.base import (
     AdvantageStrategy,
     GenerationBatch,
     StrategyPaper,
     register_strategy,
 )
+from sharpgrpo.strategies.correctness import batch_correct
 from sharpgrpo.strategies.thr import group_slices
+from sharpgrpo.validation import ConfigError
 
 
 def _comb(n: int, k: int) -> int:
@@ -96,7 +97,7 @@ def mixed_advantages(grpo_advantages: torch.Tensor, correct: torch.Tensor, k: in
 @register_strategy("passk_mixed")
 class PassKMixedStrategy(AdvantageStrategy):
     """Pass@K-mixed advantages (docs/methods.md §4). Config attribute: ``passk_k``. c counts the correct completions of
-    each group (``sharpgrpo.correctness.batch_correct``: the reward functions' answer checks, else the docs/methods.md §3
+    each group (``sharpgrpo.strategies.correctness.batch_correct``: the reward functions' answer checks, else the docs/methods.md §3
     fallback, which for binary {0, 1} rewards is reward == 1).
 
     ``batch.advantages`` (B, T) is used as A_grpo (row j's token advantages), so the strategy composes after another
@@ -110,6 +111,13 @@ class PassKMixedStrategy(AdvantageStrategy):
         "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large Reasoning Models",
         "Chen et al. 2025, Pass@k Training for Adaptively Balancing Exploration and Exploitation.",
     )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        if not 1 <= args.passk_k <= args.num_generations:
+            raise ConfigError(
+                f"passk_k={args.passk_k}: must be an integer in [1, num_generations={args.num_generations}]."
+            )
 
     def __init__(self, args: Any):
         super().__init__(args)

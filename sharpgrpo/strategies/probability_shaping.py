@@ -10,7 +10,9 @@ with p the detached, temperature-scaled probability of the sampled token under t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +23,7 @@ from sharpgrpo.strategies.base import (
     TokenWeightStrategy,
     register_strategy,
 )
+from sharpgrpo.validation import ConfigError
 
 
 def probability_shaping_weights(
@@ -93,6 +96,42 @@ class _ProbabilityShaping(TokenWeightStrategy):
 
     params = ("sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper", *TokenWeightStrategy.params)
     paper = GRPO_SG_PAPER
+    shaping = staticmethod(probability_shaping_weights)  # w(p, alpha, mu, tau, L, U)
+
+    @classmethod
+    def check_params(cls, args: Any) -> None:
+        if args.sg_lower > args.sg_upper:
+            raise ConfigError(f"sg_lower={args.sg_lower}: must not exceed sg_upper={args.sg_upper} (L <= U, Eq. 19).")
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """A warning when the sg_* values make every weight the same (plain GRPO: the printed tau = 9)."""
+        grid = torch.linspace(0.0, 1.0, 1001, dtype=torch.float64)
+        weights = probability_shaping_weights(grid, args.sg_alpha, args.sg_mu, args.sg_tau, args.sg_lower,
+                                              args.sg_upper)
+        low, high = weights.min().item(), weights.max().item()
+        if high - low < 1e-6:
+            warnings.warn(
+                f"GRPO-SG weights are constant ({low:.4f}..{high:.4f}) for every token probability in [0, 1] with "
+                f"sg_alpha={args.sg_alpha}, sg_mu={args.sg_mu}, sg_tau={args.sg_tau}, clip [{args.sg_lower}, "
+                f"{args.sg_upper}]: this is plain GRPO. The papers print tau = 9, which does this; the default is "
+                "tau = 1/9 (docs/methods.md §1).",
+                UserWarning,
+                stacklevel=2,
+            )
+        super().check_config(args)
+
+    @classmethod
+    def ratio_silenced(cls, args: Any, epsilon_high: float) -> str | None:
+        params = (args.sg_alpha, args.sg_mu, args.sg_tau, args.sg_lower, args.sg_upper)
+        found = ratio_silenced_range(lambda p: cls.shaping(p, *params), epsilon_high)
+        if found is None:
+            return None  # w never exceeds 1 + epsilon_high: nothing is silenced
+        if found == (0.0, 1.0):
+            return "every token probability p in [0, 1]"
+        if found[1] == 1.0:
+            return f"every token probability p > {found[0]:.3f}"
+        return f"every token probability p < {found[1]:.3f}"
 
     def _params(self) -> tuple[float, float, float, float, float]:
         a = self.args
@@ -114,6 +153,8 @@ class GRPOSGWeights(_ProbabilityShaping):
 class ReverseWeights(_ProbabilityShaping):
     """TR-GRPO 'Reverse' ablation: 2 - w, in [2 - sg_upper, 2 - sg_lower]."""
 
+    shaping = staticmethod(reverse_probability_shaping_weights)
+
     def bounds(self) -> tuple[float, float]:
         return 2.0 - self.args.sg_upper, 2.0 - self.args.sg_lower
 
@@ -126,6 +167,10 @@ class EqualWeights(TokenWeightStrategy):
     """TR-GRPO 'Equal' ablation: w = 1, the parent GRPO loss exactly."""
 
     paper = GRPO_SG_PAPER
+
+    @classmethod
+    def ratio_silenced(cls, args: Any, epsilon_high: float) -> str | None:
+        return None  # w = 1
 
     def bounds(self) -> tuple[float, float]:
         return 1.0, 1.0
@@ -144,6 +189,22 @@ class RandomWeights(TokenWeightStrategy):
 
     params = ("random_weight_low", "random_weight_high", "random_weight_seed", *TokenWeightStrategy.params)
     paper = GRPO_SG_PAPER
+
+    @classmethod
+    def check_params(cls, args: Any) -> None:
+        if args.random_weight_low > args.random_weight_high:
+            raise ConfigError(
+                f"random_weight_low={args.random_weight_low}: must not exceed random_weight_high="
+                f"{args.random_weight_high}."
+            )
+
+    @classmethod
+    def ratio_silenced(cls, args: Any, epsilon_high: float) -> str | None:
+        low, high = args.random_weight_low, args.random_weight_high
+        fraction = min(max((high - (1 + epsilon_high)) / max(high - low, 1e-12), 0.0), 1.0)
+        if fraction == 0.0:
+            return None
+        return f"a random {fraction:.1%} of tokens (w ~ U[{low}, {high}] > 1 + epsilon_high)"
 
     def __init__(self, args):
         super().__init__(args)

@@ -11,7 +11,7 @@ contribution to the likelihood change of the group's correct completions, from t
 Threshold (docs/methods.md §3): ``thr`` compares |THR| with tau = beta * min over correct responses of the mean
 THR score of that response's tokens (:func:`thr_threshold`, THR's own scale); ``nthr`` keeps Deng et al.'s
 unnormalised score and threshold (``ThrScores.tau``). The positive set P is the group's correct completions
-(``sharpgrpo.correctness``).
+(``sharpgrpo.strategies.correctness``).
 
 Notation of this module: a group has ``N`` completion tokens (mask 1), ``nP`` of them in positive completions
 ("P-tokens"); ``V`` is the vocabulary size and ``H`` the hidden size. Pure torch: no trainer, accelerate or
@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sharpgrpo.correctness import batch_correct
 from sharpgrpo.strategies import thr_kernels
 from sharpgrpo.strategies.base import (
     AdvantageStrategy,
@@ -49,6 +48,7 @@ from sharpgrpo.strategies.base import (
     StrategyPaper,
     register_strategy,
 )
+from sharpgrpo.strategies.correctness import batch_correct
 from sharpgrpo.strategies.thr_vocab import (
     factored_flops,
     log_normalizer,

@@ -1,4 +1,4 @@
-"""Small offline tasks beside the demo (``sharpgrpo.demo``), for comparing strategies on the tiny model.
+"""Small offline tasks beside the demo (``sharpgrpo.data.demo``), for comparing strategies on the tiny model.
 
 ``register_tasks()`` registers every task's dataset and reward function (idempotent); ``train.py`` calls it.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 def register_tasks() -> None:
     """Register the demo and the other offline tasks (datasets, reward functions, evaluation tasks)."""
-    from sharpgrpo.demo import register_demo
+    from sharpgrpo.data.demo import register_demo
     from sharpgrpo.tasks.strict_letters import register_strict_letters
 
     register_demo()

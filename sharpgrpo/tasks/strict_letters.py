@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 
-from sharpgrpo.demo import DEMO_LETTERS, demo_dataset, demo_prompt
+from sharpgrpo.data.demo import DEMO_LETTERS, demo_dataset, demo_prompt
 from sharpgrpo.evaluation.report import markdown_table, percent
 from sharpgrpo.validation import argument_rules, integer
 

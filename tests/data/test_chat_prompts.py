@@ -9,13 +9,13 @@ import warnings
 
 import pytest
 
-from sharpgrpo.cli_checks import load_checked_dataset
 from sharpgrpo.data import chat_prompts
+from sharpgrpo.data.checks import load_checked_dataset
 from sharpgrpo.evaluation.generation import render_prompt
 from sharpgrpo.evaluation.runner import EvalConfig
 from sharpgrpo.evaluation.tasks import EVAL_TASKS
+from sharpgrpo.models.tiny import build_tokenizer
 from sharpgrpo.tasks import register_tasks
-from sharpgrpo.tiny import build_tokenizer
 
 
 @pytest.fixture(scope="module")

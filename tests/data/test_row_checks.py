@@ -9,8 +9,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from sharpgrpo.cli_checks import check_rewards, load_checked_dataset, resolve_reward_functions
+from sharpgrpo.data.checks import load_checked_dataset
 from sharpgrpo.data.row_checks import check_prompt_lengths, check_rows, model_context_length, prompt_problem
+from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
 from sharpgrpo.tasks import register_tasks
 from sharpgrpo.validation import ConfigError
 
@@ -18,7 +19,7 @@ from sharpgrpo.validation import ConfigError
 @pytest.fixture(scope="module")
 def tiny_model_path():
     """The prepared sharpgrpo-tiny folder (built once and cached, as train.py uses it)."""
-    from sharpgrpo.prepared_models import resolve_model_name
+    from sharpgrpo.models.prepared import resolve_model_name
 
     return resolve_model_name("sharpgrpo-tiny")
 

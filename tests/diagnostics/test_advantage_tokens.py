@@ -12,9 +12,9 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
+from sharpgrpo.cli.tokens import main
 from sharpgrpo.diagnostics.advantage_tokens import trl_sequence_advantages
 from sharpgrpo.diagnostics.token_page import BOOSTED_RGB, DAMPED_RGB, ZEROED
-from sharpgrpo.cli.tokens import main
 from sharpgrpo.diagnostics.tokens import read_logged_rows
 
 pytestmark = pytest.mark.slow  # trains the tiny model two steps
@@ -29,9 +29,9 @@ def thr_run(tiny_model_path, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from sharpgrpo import SharpGRPOTrainer
-    from sharpgrpo.demo import allowed_letters_reward, demo_dataset
-    from sharpgrpo.lifecycle import write_training_args
-    from sharpgrpo.run_output import CompletionsCallback
+    from sharpgrpo.data.demo import allowed_letters_reward, demo_dataset
+    from sharpgrpo.run.lifecycle import write_training_args
+    from sharpgrpo.run.run_output import CompletionsCallback
 
     output_dir = tmp_path_factory.mktemp("thr_run")
     args = cpu_config(

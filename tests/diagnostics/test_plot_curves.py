@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from sharpgrpo.diagnostics.curves import find_trainer_state, load_log_history, metric_series, spike_summary
 from sharpgrpo.cli.plot import main as plot_main
 from sharpgrpo.diagnostics.curve_plots import plot_runs
+from sharpgrpo.diagnostics.curves import find_trainer_state, load_log_history, metric_series, spike_summary
 
 RUN_STEPS = 3  # tiny_runs trains three steps (tests/diagnostics/conftest.py)
 

@@ -43,7 +43,7 @@ def test_quadratic_increase_is_exact():
 def lm_and_batch(tiny_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sharpgrpo.demo import warm_start_texts
+    from sharpgrpo.data.demo import warm_start_texts
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)

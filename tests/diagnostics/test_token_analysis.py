@@ -8,8 +8,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from sharpgrpo.demo import demo_dataset
 from sharpgrpo.cli.tokens import main
+from sharpgrpo.data.demo import demo_dataset
 from sharpgrpo.diagnostics.tokens import analyze_tokens, display_token, read_logged_completions
 from sharpgrpo.evaluation.models import load_model_and_tokenizer
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
@@ -130,7 +130,7 @@ def reverse_run(tiny_model_path, tmp_path_factory):
     """A real two-step run with a non-default temperature, sg_tau and strategy, saving its completions."""
     from helpers import cpu_config, make_trainer
 
-    from sharpgrpo.run_output import CompletionsCallback
+    from sharpgrpo.run.run_output import CompletionsCallback
 
     output_dir = tmp_path_factory.mktemp("reverse_run")
     args = cpu_config(

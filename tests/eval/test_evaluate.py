@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from reward_fns.kk import kk_correct
-from sharpgrpo.demo import demo_dataset
 from sharpgrpo.cli.eval import main as eval_main
+from sharpgrpo.data.demo import demo_dataset
 from sharpgrpo.evaluation import EvalConfig, evaluate, output_paths
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator
 from sharpgrpo.evaluation.models import load_model_and_tokenizer

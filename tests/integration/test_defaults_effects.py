@@ -12,7 +12,7 @@ import torch
 from helpers import make_trainer, tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from sharpgrpo.demo import allowed_letters_reward, demo_prompt
+from sharpgrpo.data.demo import allowed_letters_reward, demo_prompt
 from sharpgrpo.diagnostics.thr_retention import thr_retention
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sharpgrpo.lifecycle import COMPLETE_MARKER
+from sharpgrpo.run.lifecycle import COMPLETE_MARKER
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sharpgrpo.lifecycle import (
+from sharpgrpo.run.lifecycle import (
     COMPLETE_MARKER,
     CheckpointError,
     NonFiniteTrainingError,
@@ -151,7 +151,7 @@ def test_accelerate_launch_that_starts_one_of_two_processes_is_refused(tmp_path)
     """On a machine without GPUs `accelerate launch --num_processes 2` (no config file, no --multi_gpu) runs ONE
     process; train.py's first check refuses it, naming the working command."""
     script = tmp_path / "check.py"
-    script.write_text("from sharpgrpo.run_output import check_process_count\ncheck_process_count()\nprint('ran')\n")
+    script.write_text("from sharpgrpo.run.run_output import check_process_count\ncheck_process_count()\nprint('ran')\n")
     if torch.cuda.device_count() > 1:
         pytest.skip("several GPUs: accelerate launches several processes here")
     launched = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
@@ -242,7 +242,7 @@ def test_resuming_off_a_generation_boundary_warns(full_run):
     import warnings
     from types import SimpleNamespace
 
-    from sharpgrpo.lifecycle import warn_if_off_boundary
+    from sharpgrpo.run.lifecycle import warn_if_off_boundary
 
     checkpoint = str(full_run / "checkpoint-2")
     every = lambda n: SimpleNamespace(steps_per_generation=n, gradient_accumulation_steps=1, num_iterations=1)
@@ -283,7 +283,7 @@ def test_non_finite_gradient_stops_after_saving_the_last_good_state(tiny_model_p
     from transformers import AutoTokenizer
 
     from sharpgrpo import SharpGRPOTrainer
-    from sharpgrpo.demo import allowed_letters_reward, demo_dataset
+    from sharpgrpo.data.demo import allowed_letters_reward, demo_dataset
     from sharpgrpo.strategies import AdvantageStrategy, register_strategy
 
     @register_strategy("test_blow_up")

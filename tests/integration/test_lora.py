@@ -22,7 +22,7 @@ def run_train_py(config: dict, tmp_path: Path):
     """train.py's own parser and main(), in this process."""
     sys.path.insert(0, str(REPO))
     try:
-        import train
+        from sharpgrpo.cli import train
     finally:
         sys.path.remove(str(REPO))
     from trl import ModelConfig, TrlParser

@@ -8,8 +8,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 @pytest.fixture(scope="session")
 def smol_path():
-    from sharpgrpo.prepared_models import resolve_model_name
-    from sharpgrpo.smol import SMOL_MODEL_NAME, ModelFetchError
+    from sharpgrpo.models.prepared import resolve_model_name
+    from sharpgrpo.models.smol import SMOL_MODEL_NAME, ModelFetchError
 
     try:
         return resolve_model_name(SMOL_MODEL_NAME)

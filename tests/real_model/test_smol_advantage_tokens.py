@@ -14,10 +14,10 @@ def test_thr_page_reproduces_the_trainers_token_advantages(smol_path, smol_token
 
     from reward_fns import get_reward_function
     from sharpgrpo import SharpGRPOTrainer
-    from sharpgrpo.data import load_train_dataset
     from sharpgrpo.cli.tokens import main
-    from sharpgrpo.lifecycle import write_training_args
-    from sharpgrpo.run_output import CompletionsCallback
+    from sharpgrpo.data import load_train_dataset
+    from sharpgrpo.run.lifecycle import write_training_args
+    from sharpgrpo.run.run_output import CompletionsCallback
 
     run = tmp_path / "run"
     args = cpu_config(

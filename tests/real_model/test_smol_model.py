@@ -14,7 +14,7 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
 def test_prepared_checkpoint_is_plain_and_reused(smol_path):
-    from sharpgrpo.prepared_models import resolve_model_name
+    from sharpgrpo.models.prepared import resolve_model_name
 
     config = json.loads((Path(smol_path) / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config

@@ -70,7 +70,7 @@ def test_evaluation_and_lora_on_the_real_model(smol_path, tmp_path):
 
     sys.path.insert(0, str(REPO))
     try:
-        import train
+        from sharpgrpo.cli import train
     finally:
         sys.path.remove(str(REPO))
     output_dir = tmp_path / "lora"

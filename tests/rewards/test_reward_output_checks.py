@@ -1,4 +1,4 @@
-"""Reward outputs are checked on every batch (``sharpgrpo.validation.checked_reward_functions``, applied by
+"""Reward outputs are checked on every batch (``sharpgrpo.training.output_checks.checked_reward_functions``, applied by
 ``SharpGRPOTrainer`` to the reward functions it is given): one finite number or None per completion, never None for
 a whole batch from a lone function; an error names the function and the first bad value."""
 
@@ -13,7 +13,7 @@ import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 from reward_fns import answer_check, get_reward_function, reward_columns
-from sharpgrpo.validation import RewardOutputError, check_reward_output, checked_reward_functions
+from sharpgrpo.training.output_checks import RewardOutputError, check_reward_output, checked_reward_functions
 
 
 def first_bad(values):

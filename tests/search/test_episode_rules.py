@@ -14,9 +14,9 @@ when it decodes with ``skip_special_tokens=True``.
 
 import pytest
 
+from sharpgrpo.models.tiny import build_tokenizer
 from sharpgrpo.search.format import INVALID_ACTION_MESSAGE, format_passages, information_block
 from sharpgrpo.search.rollout import SearchLimits, run_episodes
-from sharpgrpo.tiny import build_tokenizer
 
 STOP_AT_ANSWER = (
     "we stop generating at the first </answer> as well as at </search> (stop_at_answer), so the text after it that "

@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
+from sharpgrpo.models.tiny import build_tokenizer
 from sharpgrpo.search.format import format_passages, information_block
 from sharpgrpo.search.rollout import SearchLimits, first_stop, run_episodes
-from sharpgrpo.tiny import build_tokenizer
 
 DOCS = {
     "capital of france": [{"document": {"id": "1", "contents": '"France"\nParis is the capital of France.'}}],

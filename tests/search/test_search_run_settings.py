@@ -15,14 +15,16 @@ def test_search_demo_config_passes_train_checks_before_the_model(restore_environ
     """What train.py's _main checks before building or loading a model, on configs/search_demo.yaml."""
     sys.path.insert(0, str(REPO))
     try:
-        import train
+        from sharpgrpo.cli import train
     finally:
         sys.path.remove(str(REPO))
     from trl import ModelConfig, TrlParser
 
     from sharpgrpo import SharpGRPOConfig
-    from sharpgrpo.cli_checks import check_model_source, check_rewards, load_checked_dataset, resolve_reward_functions
+    from sharpgrpo.data.checks import load_checked_dataset
+    from sharpgrpo.models.source import check_model_source
     from sharpgrpo.paths import shared_data_dir
+    from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
     from sharpgrpo.search.config import SearchArguments
     from sharpgrpo.tasks import register_tasks
 
@@ -102,8 +104,8 @@ def test_search_generator_passes_episode_limits(tmp_path, monkeypatch):
 
 
 def test_episode_ends_at_a_second_eos_id():
+    from sharpgrpo.models.tiny import build_tokenizer
     from sharpgrpo.search.rollout import SearchLimits, run_episodes
-    from sharpgrpo.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
     other_eos = tokenizer("x", add_special_tokens=False)["input_ids"][0]  # e.g. an instruct model's <|im_end|>

@@ -30,7 +30,7 @@ def make_args(tmp_path, model_path, **overrides):
     from transformers import AutoTokenizer
     from trl import ModelConfig
 
-    import train
+    from sharpgrpo.cli import train
     from sharpgrpo.search.config import SearchArguments
     from sharpgrpo.search.format import make_prompt
 
@@ -55,7 +55,7 @@ def make_args(tmp_path, model_path, **overrides):
 
 
 def test_search_training_logs_metrics_masks_and_stops_server(tmp_path, search_model):
-    import train
+    from sharpgrpo.cli import train
 
     task, args, model_args, search = make_args(tmp_path, search_model, strategies=["grpo_sg", "cw_grpo"])
     trainer = train.main(task, args, model_args, search)
@@ -77,7 +77,7 @@ def test_search_training_logs_metrics_masks_and_stops_server(tmp_path, search_mo
 
 
 def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
-    import train
+    from sharpgrpo.cli import train
     from sharpgrpo.search.session import retrieval_session, search_rollout
 
     task, args, model_args, search = make_args(tmp_path, search_model, max_steps=1)
@@ -109,8 +109,8 @@ def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
 def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
     import time
 
-    import train
-    from sharpgrpo.lifecycle import COMPLETE_MARKER, TrainingStopped
+    from sharpgrpo.cli import train
+    from sharpgrpo.run.lifecycle import COMPLETE_MARKER, TrainingStopped
     from sharpgrpo.search.client import RetrievalClient, RetrievalError
     from sharpgrpo.search.server import RetrievalServerProcess
     from sharpgrpo.search.session import search_rollout

@@ -15,7 +15,7 @@ PACKAGE = Path(settings.__file__).resolve().parent
 def test_search_registers_itself_on_first_lookup():
     from sharpgrpo.data import DATASETS
     from sharpgrpo.evaluation import EVAL_TASKS
-    from sharpgrpo.prepared_models import prepared_model_names
+    from sharpgrpo.models.prepared import prepared_model_names
 
     assert "search_qa" in DATASETS and "search_qa" in EVAL_TASKS
     assert "sharpgrpo-tiny-search" in prepared_model_names()
@@ -74,7 +74,7 @@ class EchoTask(QATask):
 ''')
     from sharpgrpo.data import DATASETS
     from sharpgrpo.evaluation import EVAL_TASKS, evaluate
-    from sharpgrpo.tiny import build_tiny_model
+    from sharpgrpo.models.tiny import build_tiny_model
 
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(settings, "SETTING_MODULES", list(settings.SETTING_MODULES))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reward_fns import answer_check, get_reward_function
-from sharpgrpo import correctness
-from sharpgrpo.correctness import FALLBACK_ADVANTAGE, FALLBACK_BINARY, answer_verdicts, correct_completions
+from sharpgrpo.strategies import correctness
+from sharpgrpo.strategies.correctness import FALLBACK_ADVANTAGE, FALLBACK_BINARY, answer_verdicts, correct_completions
 
 GOLD = "(1) Zoey is a knight\n(2) Oliver is a knave"
 RIGHT = "<think>Zoey tells the truth.</think><answer>(1) Zoey is a knight\n(2) Oliver is a knave</answer>"

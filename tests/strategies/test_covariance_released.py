@@ -274,8 +274,7 @@ def test_a_weight_that_underflows_to_zero_is_accepted():
     accepts w = 0 from it (>= 0), still refuses negative weights, and still refuses 0 from a strategy that does not
     declare zero weights."""
     from sharpgrpo.strategies.probability_shaping import GRPOSGWeights
-    from sharpgrpo.validation import StrategyOutputChecker
-
+    from sharpgrpo.training.output_checks import StrategyOutputChecker
     logps = torch.full((8, 64), -1.0)
     logps[0, 0] = -80.0  # one token far from every other: z of about 16
     advantages = torch.tensor([2.0, -1.0, -1.0, -1.0, 1.0, 0.0, 0.0, 0.0])
@@ -284,11 +283,11 @@ def test_a_weight_that_underflows_to_zero_is_accepted():
     weights = released.loss_weights(logps, mask, advantages)
     assert weights[0, 0] == 0 and (weights[mask.bool()] == 0).sum() == 1
     checker = StrategyOutputChecker({"cw_grpo": ReleasedCovarianceWeights, "grpo_sg": GRPOSGWeights})
-    assert checker.weights(released, weights, logps, mask) == 0
+    assert checker.count_bad_weights(released, weights, logps, mask) == 0
     checker.raise_for_weights(released, weights, logps, mask)  # accepted
     with pytest.raises(ValueError, match=r"value\(s\) < 0 .* must be >= 0"):
         checker.raise_for_weights(released, weights - 2.0, logps, mask)
     shaped = GRPOSGWeights(StrategyParams())
-    assert checker.weights(shaped, weights, logps, mask) == 1
+    assert checker.count_bad_weights(shaped, weights, logps, mask) == 1
     with pytest.raises(ValueError, match=r"value\(s\) <= 0 .* must be > 0"):
         checker.raise_for_weights(shaped, weights, logps, mask)

@@ -148,8 +148,34 @@ def env_block(config: dict[str, Any], path: str | os.PathLike) -> dict[str, str]
     return values
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # `configs/` of a checkout links here
+
+
+def shipped_config_names() -> list[str]:
+    """The configs shipped with the package, by name (``demo``, ``smol_addition_demo``, ...)."""
+    return sorted(path.stem for path in SHIPPED_CONFIGS.glob("*.yaml"))
+
+
+def resolve_config_path(value: str) -> str:
+    """``--config``'s value as a file: a path as given, or a shipped config's name (``demo`` ->
+    ``sharpgrpo/configs/demo.yaml``) where no such file exists, so that an installed package finds its configs."""
+    if Path(value).expanduser().exists() or "/" in value or os.sep in value:
+        return value
+    name = value[: -len(".yaml")] if value.endswith(".yaml") else value
+    shipped = SHIPPED_CONFIGS / f"{name}.yaml"
+    if shipped.is_file():
+        return str(shipped)
+    if value.endswith((".yaml", ".yml")):
+        return value  # a file name that does not exist: read_yaml names it
+    raise ConfigError(
+        f"{CONFIG_FLAG}={value!r}: no such file, and no shipped config of that name (shipped: "
+        f"{', '.join(shipped_config_names())}); give the path of a YAML config file."
+    )
+
+
 def config_path_from_args(args: list[str]) -> str | None:
-    """The value of ``--config`` (``--config PATH`` or ``--config=PATH``) in ``args``, or None without one."""
+    """The file named by ``--config`` (``--config PATH`` or ``--config=PATH``, a path or a shipped config's name,
+    :func:`resolve_config_path`) in ``args``, or None without one."""
     for index, arg in enumerate(args):
         if arg.startswith(CONFIG_FLAG + "="):
             value = arg.split("=", 1)[1]
@@ -161,7 +187,7 @@ def config_path_from_args(args: list[str]) -> str | None:
             continue
         if not value:
             raise ConfigError(f"{CONFIG_FLAG} needs a value: the path of a YAML config file (e.g. configs/demo.yaml).")
-        return value
+        return resolve_config_path(value)
     return None
 
 

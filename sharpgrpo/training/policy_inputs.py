@@ -2,7 +2,7 @@
 the last hidden states at the positions that predict each completion token, and the LM head (unembedding).
 
 Each is taken from the cheapest source available, in this order: TRL's own ``old_per_token_logps``; the values
-read from transformers' decoding steps (`sharpgrpo.generation_capture`); vLLM's sampling log-probabilities; the
+read from transformers' decoding steps (`sharpgrpo.training.generation_capture`); vLLM's sampling log-probabilities; the
 hidden states THR already computed (through the unembedding); a no-grad forward. Functions of the model and the
 batch only: no trainer state; ``Policy`` bundles what the trainer knows about its model for them.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.generation_capture import logps_from_hidden_states
+from sharpgrpo.training.generation_capture import logps_from_hidden_states
 
 
 def prompt_completion(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.correctness import correct_completions
 from sharpgrpo.strategies import AdvantageStrategy, GenerationBatch
+from sharpgrpo.strategies.correctness import correct_completions
 
 
 @dataclass
@@ -25,9 +25,9 @@ class GenerationRecord:
     Attributes:
         inputs: the batch's input rows (prompts and dataset columns), for rollout functions that need per-row data.
         rewards_per_func: (B_global, F) rewards of every reward function, gathered over processes (TRL's layout).
-        answer_verdicts: (B_local,) the reward functions' answer checks (`sharpgrpo.correctness`), or None.
+        answer_verdicts: (B_local,) the reward functions' answer checks (`sharpgrpo.strategies.correctness`), or None.
         captured: the sampling log-probabilities (``logps``) and last hidden states (``hidden``) read from
-            transformers' decoding steps (`sharpgrpo.generation_capture`), when a strategy needs them.
+            transformers' decoding steps (`sharpgrpo.training.generation_capture`), when a strategy needs them.
     """
 
     inputs: list[dict[str, Any]] | None = None
@@ -100,7 +100,7 @@ def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord
                    num_generations: int, temperature: float, needs_correctness: bool) -> GenerationBatch:
     """The whole groups of every process as one ``GenerationBatch`` (rows in global order). Tool results and
     retrieved text (``tool_mask``) are masked out of every strategy statistic; ``correct`` comes from the answer
-    checks' verdicts (`sharpgrpo.correctness`) when a strategy needs it."""
+    checks' verdicts (`sharpgrpo.strategies.correctness`) when a strategy needs it."""
     def gather(tensor):
         return gather_rows(accelerator, tensor)
 

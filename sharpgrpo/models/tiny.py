@@ -2,12 +2,12 @@
 
 Nothing is downloaded. ``build_tiny_model(directory)`` trains a small character-level tokenizer with
 ``tokenizers``, creates a randomly initialised model from a config, gives it a short supervised warm start on
-synthetic text in the demo task's format (see ``sharpgrpo.demo``), and saves both with ``save_pretrained`` so that
+synthetic text in the demo task's format (see ``sharpgrpo.data.demo``), and saves both with ``save_pretrained`` so that
 the ordinary ``AutoModelForCausalLM.from_pretrained(path)`` loads them, exactly as a hub model would be loaded.
 
 The name ``TINY_MODEL_NAME`` ("sharpgrpo-tiny") is accepted wherever a model name or path is expected by
 ``train.py`` and ``sharpgrpo eval``: it resolves to a cached build under ``$SHARPGRPO_CACHE`` (default
-``~/.cache/sharpgrpo``), registered in :mod:`sharpgrpo.prepared_models`.
+``~/.cache/sharpgrpo``), registered in :mod:`sharpgrpo.models.prepared`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sharpgrpo.prepared_models import register_prepared_model
+from sharpgrpo.models.prepared import register_prepared_model
 
 TINY_MODEL_NAME = "sharpgrpo-tiny"
 TINY_MODEL_VERSION = 2  # bump when the build changes, so cached builds are not reused
@@ -101,7 +101,7 @@ def build_tiny_model(
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if warm_start_steps > 0:
-        from sharpgrpo.demo import warm_start_texts
+        from sharpgrpo.data.demo import warm_start_texts
 
         _supervised_warm_start(model, tokenizer, warm_start_texts(seed=seed), warm_start_steps)
     return save_built_model(model, tokenizer, directory)

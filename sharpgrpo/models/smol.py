@@ -11,7 +11,7 @@ On first use :func:`prepare_smol_model`:
 3. loads it with transformers' GGUF support (the ``gguf`` package, extra ``smol``), which dequantises it to a float32
    model and builds the tokenizer with its chat template;
 4. rebuilds the model from its config and state dict (``save_pretrained`` refuses a model loaded from GGUF) and saves
-   it with the tokenizer into the cache, atomically, as ``sharpgrpo.tiny`` does.
+   it with the tokenizer into the cache, atomically, as ``sharpgrpo.models.tiny`` does.
 
 Later uses load the saved directory like any local checkpoint. A fetch that fails or a hash that does not match stops
 with one line saying what to do.
@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from sharpgrpo.prepared_models import register_prepared_model
+from sharpgrpo.models.prepared import register_prepared_model
 from sharpgrpo.validation import ConfigError
 
 SMOL_MODEL_NAME = "sharpgrpo-smol"
@@ -107,7 +107,7 @@ def convert_gguf(gguf_path: Path, directory: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sharpgrpo.tiny import save_built_model
+    from sharpgrpo.models.tiny import save_built_model
 
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)

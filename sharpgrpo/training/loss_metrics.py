@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from sharpgrpo.losses import PPO_CLIP_LOSS_TYPES
+from sharpgrpo.training.losses import PPO_CLIP_LOSS_TYPES
 
 
 def global_masked_mean(accelerator, values: torch.Tensor, mask: torch.Tensor) -> float:

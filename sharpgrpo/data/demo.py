@@ -2,7 +2,7 @@
 
 A prompt names three allowed letters out of ``a``-``h``; the reward is the fraction of the first
 ``DEMO_WORD_LENGTH`` characters of the completion that are allowed (missing characters count as wrong). The
-tiny model's warm start (``sharpgrpo.tiny``) teaches the format on solutions that follow the prompt only
+tiny model's warm start (``sharpgrpo.models.tiny``) teaches the format on solutions that follow the prompt only
 part of the time, so it starts well below 1 and RL must learn to read the prompt reliably: learning is visible
 within a few dozen steps on CPU.
 """

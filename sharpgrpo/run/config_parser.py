@@ -1,8 +1,8 @@
 """``train.py``'s parser: TRL's ``TrlParser`` (a YAML config, then command-line overrides) reading the config file
-with :mod:`sharpgrpo.config_file` and reporting every parse error in one line.
+with :mod:`sharpgrpo.run.config_file` and reporting every parse error in one line.
 
 Differences from ``TrlParser``: duplicate YAML keys, unbounded aliases and a non-scalar ``env:`` value are refused
-(:func:`sharpgrpo.config_file.read_config`); a value argparse cannot convert (``num_generations: "eight"``,
+(:func:`sharpgrpo.run.config_file.read_config`); a value argparse cannot convert (``num_generations: "eight"``,
 ``bf16: maybe``) or a missing ``--config`` value is a :class:`~sharpgrpo.validation.ConfigError` naming the field and
 the value instead of argparse's usage block; an unknown config key names the closest field.
 """
@@ -15,14 +15,14 @@ import re
 
 from trl import TrlParser
 
-from sharpgrpo.config_file import CONFIG_FLAG, config_path_from_args, env_block, read_config
+from sharpgrpo.run.config_file import CONFIG_FLAG, config_path_from_args, env_block, read_config
 from sharpgrpo.validation import ConfigError
 
 _ARGUMENT = re.compile(r"^argument --(\w+)(?:/--[\w-]+)*: (.*)$", re.DOTALL)
 
 
 class ConfigParser(TrlParser):
-    """``TrlParser`` with the config file read by :mod:`sharpgrpo.config_file` and one-line errors."""
+    """``TrlParser`` with the config file read by :mod:`sharpgrpo.run.config_file` and one-line errors."""
 
     _config_path: str | None = None
 

@@ -1,0 +1,239 @@
+"""``sharpgrpo train`` (and the repository's ``train.py``): train a policy with SharpGRPOTrainer from a YAML config.
+
+    sharpgrpo train --config demo [--any_field value ...]          # a config shipped with the package, by name
+    python train.py --config configs/demo.yaml [--any_field value ...]
+    accelerate launch --config_file configs/accelerate/zero3.yaml train.py --config configs/grpo_sg_kk_qwen2.5_3b.yaml
+
+The YAML is flat: every field of `TaskArguments` (below), of `sharpgrpo.SharpGRPOConfig` (all of TRL's
+`GRPOConfig` plus the strategies), of TRL's `ModelConfig` (model, dtype, LoRA) and of each registered setting's
+arguments (`sharpgrpo.settings`; e.g. the search setting's retrieval server and multi-turn limits, README
+"Search"), plus an optional `env:` block of environment variables. Command-line flags override the YAML (TRL's `TrlParser`). Every value and
+input is checked before a model loads; an error prints one line (`--debug` or `SHARPGRPO_DEBUG=1` for the full
+traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sharpgrpo.run.config_file import apply_config_env
+
+# Only light imports here: the config's `env:` block is applied before transformers, datasets or the Hub client load.
+from sharpgrpo.run.errors import one_line_errors
+
+if TYPE_CHECKING:
+    from trl import ModelConfig
+
+    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+
+
+@dataclass
+class TaskArguments:
+    """What to train on and how it is scored."""
+
+    dataset_name: str = field(
+        default="demo",
+        metadata={
+            "help": "A registered dataset (demo, kk, kk_shared, math_eval), a local .jsonl/.json/.parquet file or "
+            "folder, or a Hugging Face Hub id."
+        },
+    )
+    dataset_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments of the dataset builder or loader (a YAML mapping, or JSON on the command "
+            "line), e.g. {num_puzzles: 2000, min_people: 3, max_people: 7} for `kk`, or {column_mapping: "
+            "{problem: prompt}, prompt_template: math, split: train} for a file or hub dataset."
+        },
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["allowed_letters"],
+        metadata={"help": "Reward functions by registered name (kk, math, qa_em, think_format, ...) or dotted path."},
+    )
+    plot: bool = field(default=True, metadata={"help": "Write training_curves.png into output_dir at the end."})
+    save_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Write each logged generation batch's prompts, completions, rewards and advantages to "
+            "output_dir/completions/completions_<step>.parquet (TRL's `log_completions` files, without its console "
+            "tables), as `sharpgrpo tokens --completions` reads them."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into a non-empty output_dir, replacing the run there (its checkpoint-N folders are "
+            "removed). Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
+        },
+    )
+    print_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "Print every logged metric dict (transformers' default). Off: the progress bar shows loss and "
+            "reward, and one summary line ends the run; every step's metrics are in trainer_state.json."
+        },
+    )
+
+
+def main(
+    task: TaskArguments,
+    training_args: SharpGRPOConfig,
+    model_args: ModelConfig,
+    *setting_args,
+) -> SharpGRPOTrainer:
+    """Train with the parsed config; ``setting_args`` are the parsed arguments of the registered settings
+    (``sharpgrpo.settings.training_setting_arguments``), one of which may supply the rollout."""
+    from sharpgrpo.run.lifecycle import CheckpointError, resolve_resume_checkpoint
+    from sharpgrpo.run.output_dir import guard_output_dir
+    from sharpgrpo.run.run_output import check_process_count
+
+    check_process_count()
+    try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
+        training_args.resume_from_checkpoint = resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir
+        )
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
+    resuming = training_args.resume_from_checkpoint is not None
+    with guard_output_dir(training_args.output_dir, resuming=resuming, overwrite=task.overwrite_output_dir):
+        from sharpgrpo.settings import training_rollout
+
+        with training_rollout(setting_args, training_args.output_dir) as rollout_func:
+            return _main(task, training_args, model_args, rollout_func=rollout_func)
+
+
+def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
+    from transformers import AutoConfig, AutoTokenizer
+    from trl import get_peft_config
+
+    from sharpgrpo import SharpGRPOTrainer
+    from sharpgrpo.data.chat_prompts import warn_if_template_unused
+    from sharpgrpo.data.checks import load_checked_dataset
+    from sharpgrpo.data.row_checks import check_prompt_lengths, model_context_length
+    from sharpgrpo.models.prepared import resolve_model_name
+    from sharpgrpo.models.source import check_model_source
+    from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
+    from sharpgrpo.run.lifecycle import (
+        CheckpointError,
+        NonFiniteTrainingError,
+        check_resume_compatible,
+        lifecycle_callback,
+        stop_after_error,
+    )
+    from sharpgrpo.run.run_output import CompletionsCallback, QuietProgressCallback, training_summary
+    from sharpgrpo.tasks import register_tasks
+    from sharpgrpo.validation import ConfigError
+
+    register_tasks()
+    # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
+    model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
+    check_model_source(model_name, revision=model_args.model_revision)
+    reward_funcs = resolve_reward_functions(task.reward_funcs)
+    train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
+    check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
+
+    model_path = resolve_model_name(model_name)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    warn_if_template_unused(train_dataset, tokenizer, task.dataset_name, task.dataset_kwargs)
+    model_config = AutoConfig.from_pretrained(model_path, revision=model_args.model_revision).to_dict()
+    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other strategies warn
+        check_resume_compatible(training_args.resume_from_checkpoint, training_args, model_config)
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
+    check_prompt_lengths(  # every prompt as TRL renders it, against the model's context: before the model loads
+        train_dataset, tokenizer, model_context_length(model_path, model_args.model_revision),
+        training_args.max_completion_length, f"dataset_name={task.dataset_name!r}", training_args.chat_template_kwargs,
+    )  # fmt: skip
+
+    model_init_kwargs = dict(training_args.model_init_kwargs or {})
+    if model_args.dtype is not None:
+        model_init_kwargs.setdefault("dtype", model_args.dtype)
+    if model_args.attn_implementation is not None:
+        model_init_kwargs.setdefault("attn_implementation", model_args.attn_implementation)
+    training_args.model_init_kwargs = model_init_kwargs or None
+
+    trainer = SharpGRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        rollout_func=rollout_func,
+    )
+    trainer.base_model_name = model_args.model_name_or_path or "sharpgrpo-tiny"  # named on the model card
+    if task.save_completions:
+        trainer.add_callback(CompletionsCallback(trainer))
+    if not task.print_metrics:
+        QuietProgressCallback.install(trainer)
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    except NonFiniteTrainingError as error:
+        _save_logs_and_plot(trainer, task)
+        raise SystemExit(f"error: {error}") from None
+    except Exception as error:  # any other error: the last good weights and optimizer, the logs and the plot
+        stopped = stop_after_error(trainer, error)
+        try:
+            _save_logs_and_plot(trainer, task)
+        except Exception as save_error:  # noqa: BLE001 - keep the training error as the one reported
+            print(f"[sharpgrpo] writing trainer_state.json or the plot failed: {save_error}", file=sys.stderr)
+        raise stopped from error
+    stopper = lifecycle_callback(trainer)
+    if stopper is not None and stopper.stopped_by_signal:  # SIGINT/SIGTERM: checkpoint saved at the step's end
+        _save_logs_and_plot(trainer, task)
+        if trainer.is_world_process_zero():
+            print(training_summary(trainer, interrupted=True), file=sys.stderr)
+        raise SystemExit(128 + int(stopper.signal_received))
+
+    trainer.save_model(training_args.output_dir)  # final weights (or adapters) + tokenizer + model card
+    trainer.save_state()  # full log history in output_dir/trainer_state.json
+    if trainer.is_world_process_zero():
+        trainer.create_model_card(dataset_name=task.dataset_name)
+        if task.plot:
+            from sharpgrpo.diagnostics.curve_plots import plot_training_curves
+
+            output_dir = training_args.output_dir
+            plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=task.dataset_name)
+    if trainer.is_world_process_zero():
+        print(training_summary(trainer), file=sys.stderr)
+    return trainer
+
+
+def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
+    """After a stop: every step's logs (output_dir/trainer_state.json) and the curves so far."""
+    trainer.save_state()
+    if trainer.is_world_process_zero() and task.plot and trainer.state.log_history:
+        from sharpgrpo.diagnostics.curve_plots import plot_training_curves
+
+        output_dir = trainer.args.output_dir
+        plot_training_curves(output_dir, os.path.join(output_dir, "training_curves.png"))
+
+
+def cli(args: list[str] | None = None) -> None:
+    args = sys.argv[1:] if args is None else args
+    # transformers 5 renamed gradient_checkpointing* to activation_checkpointing*; TRL's GRPOConfig default
+    # (gradient_checkpointing=True) and TRL's trainer still use the old names, so every run warned, ahead of a
+    # one-line error too, about something the user did not write.
+    warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
+    with one_line_errors(args):  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
+        apply_config_env(args)  # before transformers and datasets are imported: they read it once, on import
+        from trl import ModelConfig
+
+        from sharpgrpo import SharpGRPOConfig
+        from sharpgrpo.run.config_parser import ConfigParser
+        from sharpgrpo.settings import training_setting_arguments
+
+        parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
+        main(*parser.parse_args_and_config(args))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,54 @@
+"""One-line errors for every command: any error of a command's body is printed as one ``error:`` line after the
+progress bars are closed, and the full traceback with ``--debug`` or ``SHARPGRPO_DEBUG=1``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "SHARPGRPO_DEBUG"
+
+
+@contextlib.contextmanager
+def one_line_errors(argv: list[str] | None = None):
+    """Run the script's body; an error prints ``error: <message>`` (one line) and exits with status 1.
+
+    ``--debug`` (removed from ``argv``, ``sys.argv`` by default, before the parser sees it) or the environment
+    variable ``SHARPGRPO_DEBUG=1`` lets the exception propagate with its full traceback instead.
+    """
+    argv = sys.argv if argv is None else argv
+    debug = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    while DEBUG_FLAG in argv:
+        argv.remove(DEBUG_FLAG)
+        debug = True
+    try:
+        yield
+    except SystemExit as stop:  # a message given to SystemExit ("error: ..."): printed after the progress bars
+        if isinstance(stop.code, str):
+            close_progress_bars()
+            print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
+            sys.exit(1)
+        raise
+    except Exception as error:
+        if debug:
+            close_progress_bars()
+            raise
+        message = " ".join(str(error).split()) or repr(error)
+        prefix = "" if getattr(error, "names_itself", False) else f"{type(error).__name__}: "
+        close_progress_bars()
+        print(f"error: {prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)", file=sys.stderr)
+        sys.exit(1)
+
+
+def close_progress_bars() -> None:
+    """Close every open tqdm bar (the training bar of an interrupted run) so the error is the last thing shown and
+    no bar is redrawn after it."""
+    tqdm_module = sys.modules.get("tqdm")  # not imported: no bar
+    if tqdm_module is None:
+        return
+    for bar in list(getattr(tqdm_module.tqdm, "_instances", ())):
+        with contextlib.suppress(Exception):  # a bar that cannot redraw (closed stream) must not hide the error
+            bar.close()
+    sys.stdout.flush()
