@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
+from sharpgrpo.strategies import strategy_names_help
 from sharpgrpo.strategy_params import StrategyParams, _RuledField, param
 from sharpgrpo.training.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.validation import (
@@ -20,6 +21,7 @@ from sharpgrpo.validation import (
     one_of,
     parse_strategy_names,
     positive,
+    renamed,
     validate_fields,
     validate_trl_fields,
 )
@@ -43,8 +45,7 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         default_factory=lambda: ["grpo_sg"],
         metadata={
             "help": "Token-level strategies, by registered name or dotted import path; one name, a list, or a "
-            "comma-separated string. Weight strategies: `grpo_sg`, `equal`, `random`, `reverse`. Advantage "
-            "strategies: `ar`, `cw_grpo`, `thr`, `nthr`, `passk_mixed`. At most one weight strategy."
+            f"comma-separated string. {strategy_names_help()} At most one weight strategy."
         },
     )
     # How a token weight enters the loss (docs/methods.md §1).
@@ -61,11 +62,14 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "Eq. 11), `none`.",
         one_of(*KL_WEIGHTINGS),
     )
-    # Advantage strategies' inputs and THR's score dump (docs/methods.md §3).
-    thr_debug_dump: bool = param(
-        False, "`thr`: write per-token scores with decoded tokens to `output_dir/thr_scores/` every generation.",
+    # Advantage strategies' inputs and their per-token scores (docs/methods.md §3).
+    dump_token_scores: bool = param(
+        False,
+        "Write the per-token scores of every advantage strategy that has them (THR's influence scores, ...) with the "
+        "decoded tokens and token advantages to `output_dir/token_scores/` every generation.",
         one_of(False, True),
     )
+    thr_debug_dump: bool | None = param(None, "Renamed `dump_token_scores`; refused.", renamed("dump_token_scores"))
     generation_capture: bool = param(
         True,
         "Read sampling log-probabilities and last hidden states from transformers' `generate` instead of a second "

@@ -52,7 +52,7 @@ from sharpgrpo.training.losses import (
     weighted_policy_surrogate,
     window_token_share,
 )
-from sharpgrpo.training.model_card import strategy_card_section, trl_paper, write_model_card
+from sharpgrpo.training.model_card import trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
@@ -207,8 +207,8 @@ class SharpGRPOTrainer(GRPOTrainer):
                                    num_generations=num_generations, temperature=self.temperature,
                                    needs_correctness=needs_correctness)
             dump = None
-            if self.args.thr_debug_dump and self.accelerator.is_main_process:  # per-token scores, for inspection
-                dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "thr_scores"),
+            if self.args.dump_token_scores and self.accelerator.is_main_process:  # per-token scores, for inspection
+                dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "token_scores"),
                                self._generation_count, self.state.global_step, batch,
                                decode=self.processing_class.decode)
             token_advantages = run_advantage_strategies(strategies, batch, self._strategy_output_checker,
@@ -347,7 +347,3 @@ class SharpGRPOTrainer(GRPOTrainer):
         """TRL's model card, plus a section naming the strategies, their parameters and papers
         (`sharpgrpo.training.model_card.write_model_card`)."""
         write_model_card(self, super().create_model_card, model_name, dataset_name, tags, base_model)
-
-    def strategy_card_section(self) -> str:
-        """Markdown: each configured strategy with its parameters and the paper it implements."""
-        return strategy_card_section(self.args)

@@ -124,6 +124,25 @@ def one_of(*choices: Any, **kwargs) -> Rule:
     return Rule(choices=tuple(choices), **kwargs)
 
 
+@dataclass(frozen=True)
+class Renamed(Rule):
+    """A field that was renamed: any value but None is refused with one line naming the new field."""
+
+    new_name: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        return value is None
+
+    def check(self, name: str, value: Any) -> None:
+        if value is not None:
+            raise ConfigError(f"{name}={_fmt(value)}: {name} was renamed {self.new_name}; set {self.new_name} instead.")
+
+
+def renamed(new_name: str) -> Rule:
+    """The rule of an old field name kept only to say what it became."""
+    return Renamed(new_name=new_name, allow_none=True)
+
+
 def validate_fields(obj: Any, rules: Mapping[str, Rule]) -> None:
     """Check every field of ``obj`` named in ``rules`` (fields ``obj`` lacks are skipped); raise the first error."""
     for name, rule in rules.items():

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,3 +71,9 @@ def binary_letters_reward(prompts, completions, allowed, **kwargs):
     from sharpgrpo.data.demo import allowed_letters_reward
 
     return [float(r >= 0.5) for r in allowed_letters_reward(prompts, completions, allowed)]
+
+
+def write_jsonl(path: Path, rows) -> str:
+    """``rows`` as a JSON-lines file at ``path`` (one object a line); returns the path as a string."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return str(path)

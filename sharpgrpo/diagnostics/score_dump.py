@@ -1,5 +1,5 @@
 """Per-token scores of an advantage strategy (THR's influence scores) written out for inspection
-(``thr_debug_dump``): one JSON line per completion with its decoded tokens, scores and token advantages."""
+(``dump_token_scores``): one JSON line per completion with its decoded tokens, scores and token advantages."""
 
 from __future__ import annotations
 

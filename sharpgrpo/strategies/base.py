@@ -17,6 +17,7 @@ inherits); a strategy reads them as plain attributes and lists them in ``params`
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -76,6 +77,15 @@ class GenerationBatch:
     unembedding_bias: torch.Tensor | None = None
     temperature: float = 1.0
     correct: torch.Tensor | None = None
+
+
+def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
+    """Row slices of the consecutive groups of ``group_ids`` (B,), in order (``GenerationBatch`` contract)."""
+    _, counts = torch.unique_consecutive(group_ids, return_counts=True)
+    start = 0
+    for count in counts.tolist():
+        yield slice(start, start + count)
+        start += count
 
 
 class Strategy:
@@ -189,7 +199,7 @@ class AdvantageStrategy(Strategy):
 
     def token_scores(self) -> torch.Tensor | None:
         """(B, T) per-token scores behind the last ``token_advantages`` call (e.g. THR's influence scores), written
-        out for inspection by ``thr_debug_dump``; None for strategies without such scores."""
+        out for inspection by ``dump_token_scores``; None for strategies without such scores."""
         return None
 
 

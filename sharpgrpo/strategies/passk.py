@@ -26,10 +26,10 @@ from sharpgrpo.strategies.base import (
     AdvantageStrategy,
     GenerationBatch,
     StrategyPaper,
+    group_slices,
     register_strategy,
 )
 from sharpgrpo.strategies.correctness import batch_correct
-from sharpgrpo.strategies.thr import group_slices
 from sharpgrpo.validation import ConfigError
 
 

@@ -36,7 +36,6 @@ budget of ``chunk_size``). Both need the log-normaliser of every token first: on
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +45,7 @@ from sharpgrpo.strategies.base import (
     AdvantageStrategy,
     GenerationBatch,
     StrategyPaper,
+    group_slices,
     register_strategy,
 )
 from sharpgrpo.strategies.correctness import batch_correct
@@ -84,15 +84,6 @@ class ThrScores(NamedTuple):
     tau: float
     sequence_influence: torch.Tensor
     entropies: torch.Tensor | None
-
-
-def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
-    """Row slices of the consecutive groups of ``group_ids`` (B,), in order (``GenerationBatch`` contract)."""
-    _, counts = torch.unique_consecutive(group_ids, return_counts=True)
-    start = 0
-    for count in counts.tolist():
-        yield slice(start, start + count)
-        start += count
 
 
 @torch.no_grad()

@@ -1,19 +1,14 @@
 """load_train_dataset: registered names, local files with column mapping and prompt templates."""
 
-import json
 
 import datasets
 import pytest
+from helpers import write_jsonl
 
 from reward_fns.math import math_reward
 from reward_fns.qa import qa_em_reward
 from sharpgrpo.data import DATASETS, load_train_dataset
 from sharpgrpo.data.math import MATH_PROMPT_SUFFIX
-
-
-def write_jsonl(path, rows):
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n", encoding="utf-8")
-    return str(path)
 
 
 @pytest.fixture

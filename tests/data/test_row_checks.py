@@ -4,9 +4,8 @@ than the model's context minus max_completion_length are refused naming the row 
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from helpers import write_jsonl
 from transformers import AutoTokenizer
 
 from sharpgrpo.data.checks import load_checked_dataset
@@ -25,11 +24,6 @@ def tiny_model_path():
 
 
 GOOD = {"prompt": "letters: abc. word:", "allowed": "abc"}
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return str(path)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Advantage-strategy token page on a real run: the factors A[i,t] / A[i] of ``thr`` recomputed from the run's saved
-completions equal the token advantages the trainer itself used (its ``thr_debug_dump`` of the same generation
+completions equal the token advantages the trainer itself used (its ``dump_token_scores`` of the same generation
 batch, analysed with the model that sampled it), and the HTML page shows them."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # trains the tiny model two steps
 @pytest.fixture(scope="module")
 def thr_run(tiny_model_path, tmp_path_factory):
     """Two real steps of ``thr`` with saved completions, the trainer's own token advantages dumped
-    (``thr_debug_dump``), and hidden states from a forward pass (``generation_capture: false``), as the analysis
+    (``dump_token_scores``), and hidden states from a forward pass (``generation_capture: false``), as the analysis
     computes them. ``training_args.json`` is written as train.py writes it."""
     from helpers import cpu_config
     from transformers import AutoTokenizer
@@ -37,7 +37,7 @@ def thr_run(tiny_model_path, tmp_path_factory):
     args = cpu_config(
         output_dir, strategies=["thr"], thr_p=0.2, temperature=0.9, per_device_train_batch_size=8,
         num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, learning_rate=1e-3,
-        save_strategy="no", seed=0, thr_debug_dump=True, generation_capture=False,
+        save_strategy="no", seed=0, dump_token_scores=True, generation_capture=False,
     )  # fmt: skip
     trainer = SharpGRPOTrainer(
         model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args, train_dataset=demo_dataset(32),
@@ -78,7 +78,7 @@ def test_thr_factors_equal_the_trainers_own_token_advantages(thr_run, tiny_model
     first = thr_run / "completions" / "completions_00001.parquet"
     result = main(["--model", tiny_model_path, "--completions", str(first), "--output", str(tmp_path)])
     assert result["strategies"] == ["thr"] and result["temperature"] == 0.9  # from the run's training_args.json
-    dump = [json.loads(line) for line in (thr_run / "thr_scores" / "generation_000001.jsonl").open()]
+    dump = [json.loads(line) for line in (thr_run / "token_scores" / "generation_000001.jsonl").open()]
     _, completions, scores = read_logged_rows(first)
     entries = result["batches"][0]["completions"]
     assert len(entries) == len(dump) == len(completions) == 8

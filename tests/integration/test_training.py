@@ -73,11 +73,11 @@ def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
 
 @pytest.mark.parametrize("p", [0.1, -0.1])
 def test_thr_exploit_and_explore_train(tiny_model_path, tmp_path, p):
-    trainer = binary_reward_trainer(tiny_model_path, tmp_path, strategies="thr", thr_p=p, thr_debug_dump=True)
+    trainer = binary_reward_trainer(tiny_model_path, tmp_path, strategies="thr", thr_p=p, dump_token_scores=True)
     logs = train_and_check(trainer)
     assert all(0.0 <= entry["thr/frac_retained"] <= 1.0 for entry in logs)
-    dumps = sorted((tmp_path / "thr_scores").glob("*.jsonl"))
-    assert dumps, "thr_debug_dump wrote nothing"
+    dumps = sorted((tmp_path / "token_scores").glob("*.jsonl"))
+    assert dumps, "dump_token_scores wrote nothing"
     import json
 
     rows = [json.loads(line) for line in dumps[0].read_text().splitlines()]

@@ -1,6 +1,6 @@
 """The advantage-strategy token page on the real model: one ``thr`` step of ``sharpgrpo-smol`` on the addition task
 (conversational prompts through its chat template, BPE completions ending in ``<|im_end|>``), analysed with the model
-that sampled it, reproduces the token advantages the trainer dumped (``thr_debug_dump``)."""
+that sampled it, reproduces the token advantages the trainer dumped (``dump_token_scores``)."""
 
 import json
 
@@ -23,7 +23,7 @@ def test_thr_page_reproduces_the_trainers_token_advantages(smol_path, smol_token
     args = cpu_config(
         run, per_device_train_batch_size=16,
         num_generations=8, max_completion_length=12, max_steps=1, learning_rate=1e-5, logging_steps=1,
-        save_strategy="no", seed=0, temperature=0.7, beta=0.0, strategies=["thr"], thr_debug_dump=True,
+        save_strategy="no", seed=0, temperature=0.7, beta=0.0, strategies=["thr"], dump_token_scores=True,
         generation_capture=False,
     )  # fmt: skip
     trainer = SharpGRPOTrainer(
@@ -35,7 +35,7 @@ def test_thr_page_reproduces_the_trainers_token_advantages(smol_path, smol_token
     trainer.train()
 
     result = main(["--model", smol_path, "--completions", str(run / "completions"), "--output", str(tmp_path / "page")])
-    dump = [json.loads(line) for line in (run / "thr_scores" / "generation_000001.jsonl").open()]
+    dump = [json.loads(line) for line in (run / "token_scores" / "generation_000001.jsonl").open()]
     entries = result["batches"][0]["completions"]
     assert len(entries) == len(dump) == 16
     compared = 0
