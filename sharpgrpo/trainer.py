@@ -28,8 +28,8 @@ import torch
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
-from sharpgrpo.diagnostics.score_dump import dump_token_scores
-from sharpgrpo.diagnostics.sharpness import SharpnessProbe
+from sharpgrpo.training.score_dump import dump_token_scores
+from sharpgrpo.training.sharpness import SharpnessProbe
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
 from sharpgrpo.strategies.correctness import answer_verdicts
