@@ -12,8 +12,9 @@ model output. This package does not import torch.
 from __future__ import annotations
 
 from sharpgrpo.registry import Registry
+from sharpgrpo.settings import load_settings
 
-REWARD_FUNCTIONS = Registry("reward function")
+REWARD_FUNCTIONS = Registry("reward function", load=load_settings)  # settings add theirs (sharpgrpo.settings)
 
 
 def register_reward(name: str, *, columns: tuple[str, ...] = (), answer_check=None):

@@ -6,8 +6,8 @@ choose the evaluator's backend, complete the configuration and wrap the generato
 through its hooks ``backend``, ``prepare_config`` and ``wrap_generator``), training options and their rollout
 (``register_training_setting``), prepared models
 (``sharpgrpo.models.prepared.register_prepared_model``) and reward functions (``reward_fns.register_reward``). The
-trainer takes a multi-turn rollout as TRL's ``rollout_func``. The modules in ``SETTING_MODULES`` are imported on the
-first lookup in the data set, evaluation task or prepared model registry; ``add_setting("my_package.my_setting")``
+trainer takes a multi-turn rollout as TRL's ``rollout_func``. The modules in ``SETTING_MODULES`` (search and the offline tasks) are
+imported on the first lookup in the data set, reward function, evaluation task or prepared model registry; ``add_setting("my_package.my_setting")``
 adds another, so that neither the trainer nor the evaluation runner changes for it.
 """
 
@@ -18,7 +18,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-SETTING_MODULES: list[str] = ["sharpgrpo.search.setting"]
+SETTING_MODULES: list[str] = ["sharpgrpo.search.setting", "sharpgrpo.tasks.setting"]
 _imported: set[str] = set()
 # Training hooks of settings: (arguments dataclass parsed by train.py, rollout context). The context is called with
 # the parsed arguments and the run's output_dir; it yields a TRL ``rollout_func``, or None when the setting is off.

@@ -28,8 +28,6 @@ import torch
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
-from sharpgrpo.training.score_dump import dump_token_scores
-from sharpgrpo.training.sharpness import SharpnessProbe
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
 from sharpgrpo.strategies.correctness import answer_verdicts
@@ -55,6 +53,8 @@ from sharpgrpo.training.losses import (
 from sharpgrpo.training.model_card import trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.training.score_dump import dump_token_scores
+from sharpgrpo.training.sharpness import SharpnessProbe
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 

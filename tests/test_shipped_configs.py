@@ -100,10 +100,8 @@ def test_config_parses_and_validates(path, restore_environment):
     from reward_fns import get_reward_function
     from sharpgrpo.data import DATASETS
     from sharpgrpo.data.loading import load_dataset_source, resolve_prompt_template
-    from sharpgrpo.tasks import register_tasks
 
     task, args, model_args = parse(path)
-    register_tasks()
     for name in task.reward_funcs:
         assert callable(get_reward_function(name)), name
     kwargs = dict(task.dataset_kwargs or {})

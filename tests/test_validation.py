@@ -5,7 +5,6 @@ parser and ``main`` in-process, with the tiny model's cache pointed at an empty 
 model was built or loaded). One subprocess run checks what a user sees: one line on stderr, no traceback.
 """
 
-import importlib.util
 import math
 import os
 import subprocess

@@ -21,10 +21,6 @@ from sharpgrpo.evaluation import EvalConfig, evaluate
 
 def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
-
-    from sharpgrpo.tasks import register_tasks
-
-    register_tasks()  # the offline tasks' evaluation (strict_letters)
     parser = HfArgumentParser(EvalConfig, prog="sharpgrpo eval", description=__doc__.split("\n\n")[0])
     (config,) = parser.parse_args_into_dataclasses(args=argv)
     result = evaluate(config)

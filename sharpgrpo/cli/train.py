@@ -125,10 +125,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
         stop_after_error,
     )
     from sharpgrpo.run.run_output import CompletionsCallback, QuietProgressCallback, training_summary
-    from sharpgrpo.tasks import register_tasks
     from sharpgrpo.validation import ConfigError
-
-    register_tasks()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
     model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
     check_model_source(model_name, revision=model_args.model_revision)

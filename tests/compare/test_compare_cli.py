@@ -205,9 +205,6 @@ def test_config_hash_covers_file_contents_and_overrides(tmp_path):
 
 def test_strict_letters_evaluation_task(tmp_path, tiny_model_path):
     from sharpgrpo.evaluation import EvalConfig, evaluate
-    from sharpgrpo.tasks import register_tasks
-
-    register_tasks()
     config = EvalConfig(
         model=tiny_model_path, task="strict_letters", output=str(tmp_path / "eval.json"), limit=4, n_samples=4,
         max_new_tokens=8, temperature=1.0, top_p=1.0, backend="transformers", progress=False,

@@ -15,12 +15,10 @@ from sharpgrpo.evaluation.generation import render_prompt
 from sharpgrpo.evaluation.runner import EvalConfig
 from sharpgrpo.evaluation.tasks import EVAL_TASKS
 from sharpgrpo.models.tiny import build_tokenizer
-from sharpgrpo.tasks import register_tasks
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    register_tasks()  # the demo datasets, as train.py registers them
     return build_tokenizer()
 
 

@@ -11,7 +11,6 @@ from transformers import AutoTokenizer
 from sharpgrpo.data.checks import load_checked_dataset
 from sharpgrpo.data.row_checks import check_prompt_lengths, check_rows, model_context_length, prompt_problem
 from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
-from sharpgrpo.tasks import register_tasks
 from sharpgrpo.validation import ConfigError
 
 
@@ -39,7 +38,6 @@ GOOD = {"prompt": "letters: abc. word:", "allowed": "abc"}
     ],
 )
 def test_a_bad_prompt_in_a_file_is_refused_naming_its_line(tmp_path, bad, fragment):
-    register_tasks()
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4 + [{**GOOD, **bad}] + [GOOD] * 4)
     with pytest.raises(ConfigError, match=fragment):
         load_checked_dataset(path, None)
@@ -47,7 +45,6 @@ def test_a_bad_prompt_in_a_file_is_refused_naming_its_line(tmp_path, bad, fragme
 
 def test_rows_built_by_the_loader_are_checked_too(tmp_path):
     """A prompt made by column_mapping is checked on the loaded rows (row numbers count from 1)."""
-    register_tasks()
     rows = [{"question": "q?", "allowed": "a"}] * 3 + [{"question": None, "allowed": "a"}]
     path = write_jsonl(tmp_path / "data.jsonl", rows)
     dataset = load_checked_dataset(path, {"column_mapping": {"question": "prompt"}})
@@ -57,7 +54,6 @@ def test_rows_built_by_the_loader_are_checked_too(tmp_path):
 
 
 def test_a_reward_column_empty_in_every_row_is_refused(tmp_path):
-    register_tasks()
     path = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "2+2?", "answer": None}] * 3)
     dataset = load_checked_dataset(path, None)
     with pytest.raises(ConfigError, match="column 'answer', which reward function 'math' reads, is empty"):

@@ -26,7 +26,6 @@ def test_search_demo_config_passes_train_checks_before_the_model(restore_environ
     from sharpgrpo.paths import shared_data_dir
     from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
     from sharpgrpo.search.config import SearchArguments
-    from sharpgrpo.tasks import register_tasks
 
     parser = TrlParser((train.TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
     task, args, model_args, search = parser.parse_args_and_config(
@@ -35,7 +34,6 @@ def test_search_demo_config_passes_train_checks_before_the_model(restore_environ
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # the config's env block: the offline check applies
     check_model_source(model_args.model_name_or_path, revision=model_args.model_revision)
     assert search.enabled and "search_format" in task.reward_funcs
-    register_tasks()
     funcs = resolve_reward_functions(task.reward_funcs)
     if shared_data_dir("qa") is None:
         pytest.skip("shared/data/qa is absent (set SHARPGRPO_SHARED_DIR)")
