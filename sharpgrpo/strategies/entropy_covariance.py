@@ -55,15 +55,17 @@ def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.
 
 
 def selection_count(mask: torch.Tensor, ratio: float) -> torch.Tensor:
-    """max(floor(ratio * N), 1), N the valid tokens of ``mask`` (B, T): a 0-d device tensor (no host read)."""
-    return torch.floor(ratio * mask.sum().to(torch.float64)).clamp(min=1).long()
+    """max(floor(ratio * N), 1), N the valid tokens of ``mask`` (B, T): a 0-d device tensor (no host read), in
+    float64 as Python's ``int(ratio * N)`` in verl (float32 where the device has no float64)."""
+    dtype = torch.float32 if mask.device.type == "mps" else torch.float64
+    return torch.floor(ratio * mask.sum().to(dtype)).clamp(min=1).long()
 
 
 def smallest_keys(candidates: torch.Tensor, keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """The ``count`` candidates with the smallest ``keys`` (all of them when fewer): with i.i.d. uniform keys, a
     uniformly random subset of min(count, #candidates) candidates, as verl's ``randperm`` draws it.
     Shapes: ``candidates`` (B, T) bool, ``keys`` (B, T) -> (B, T) bool."""
-    ranked = torch.where(candidates, keys.to(torch.float64), torch.full_like(keys, float("inf"), dtype=torch.float64))
+    ranked = torch.where(candidates, keys, torch.full_like(keys, float("inf")))
     order = ranked.flatten().argsort(stable=True)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=order.device)

@@ -112,3 +112,33 @@ def test_loss_strategy_trains_off_policy_and_logs(tiny_model_path, tmp_path, str
         assert all(torch.isfinite(torch.tensor(values))), (name, values)
     if strategies in ("dppo_tv", "clip_cov", "kl_cov"):
         assert max(entry[metrics[0]] for entry in logs) > 0  # the strategy selected or masked some token
+
+
+# Loss strategies whose terms are functions of each token or sequence alone (not of micro-batch statistics, as
+# Clip-Cov's and KL-Cov's selections are, like verl's), so that two processes train exactly as one.
+TWO_PROCESS_CASES = {
+    "dppo_tv": dict(strategies="dppo_tv", dppo_tv_low=0.02, dppo_tv_high=0.02, num_iterations=2),
+    "gmpo": dict(strategies="gmpo", loss_type="grpo", gmpo_epsilon_low=0.05, gmpo_epsilon_high=0.05,
+                 num_iterations=2),
+}
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one(tiny_model_path, tmp_path):
+    """``accelerate launch`` with two CPU processes (gloo; tests/integration/test_multiprocess.py's worker, a group split
+    between the ranks), off-policy (num_iterations=2): per step the loss, grad norm and reward of one process with
+    the whole batch; the strategies' metrics are logged on every rank."""
+    from _launch_worker import run_case
+    from test_multiprocess import NUM_PROCESSES, PER_DEVICE, assert_same_training, launch
+
+    cases = [dict(case, per_device_train_batch_size=PER_DEVICE, max_steps=3) for case in TWO_PROCESS_CASES.values()]
+    results = launch(tiny_model_path, tmp_path / "two", cases, "configs/accelerate/multi_gpu.yaml")
+    for (name, case), ranks in zip(TWO_PROCESS_CASES.items(), results, strict=True):
+        assert ranks[0]["distributed_type"] == "DistributedType.MULTI_CPU"
+        single = run_case(tiny_model_path, str(tmp_path / name), **case,
+                          per_device_train_batch_size=PER_DEVICE * NUM_PROCESSES, max_steps=3)
+        assert_same_training(ranks[0], single)
+        metric = "dppo/frac_masked" if name == "dppo_tv" else "gmpo/sequence_ratio_mean"
+        assert all(metric in entry for rank in ranks for entry in rank["log"])
+        if name == "dppo_tv":
+            assert max(entry[metric] for entry in single["log"]) > 0  # the second update of a batch masks tokens
