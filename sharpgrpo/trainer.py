@@ -45,6 +45,14 @@ from sharpgrpo.training.advantage_pipeline import (
 from sharpgrpo.training.entropy_bonus import entropy_bonus
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
+from sharpgrpo.training.loss_terms import (
+    apply_token_terms,
+    clip_range,
+    collect_loss_terms,
+    log_loss_strategy_metrics,
+    sequence_objective_loss,
+    weighted_kl,
+)
 from sharpgrpo.training.losses import (
     PPO_CLIP_LOSS_TYPES,
     WINDOW_NORMALISED_LOSS_TYPES,
@@ -53,14 +61,6 @@ from sharpgrpo.training.losses import (
     log_importance_weights,
     weighted_policy_surrogate,
     window_token_share,
-)
-from sharpgrpo.training.loss_terms import (
-    apply_token_terms,
-    clip_range,
-    collect_loss_terms,
-    log_loss_strategy_metrics,
-    sequence_objective_loss,
-    weighted_kl,
 )
 from sharpgrpo.training.model_card import strategy_card_section, trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions

@@ -250,7 +250,7 @@ def test_per_token_clip_range_and_kl_weight_wiring_matches_loop(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sequence_objective_loss_matches_loop(seed):
     """TRL GMPO's aggregation: mean over sequences of (sequence loss + beta * token-mean KL), / accumulation."""
-    logps, old_logps, advantages, mask = batch(seed)
+    logps, _, _, mask = batch(seed)
     generator = torch.Generator().manual_seed(seed)
     sequence_loss = torch.randn(mask.shape[0], generator=generator, dtype=D)
     kl = torch.rand(logps.shape, generator=generator, dtype=D)
