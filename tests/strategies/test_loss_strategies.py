@@ -281,3 +281,22 @@ def test_registered_adapters_return_device_scalar_metrics(name):
     else:
         changed = [getattr(terms, f) for f in ("gradient_mask", "token_mask", "extra_loss")]
         assert any(v is not None and bool((v != (0 if f == 2 else 1)).any()) for f, v in enumerate(changed))
+
+
+def test_clip_cov_random_draw_resumes_from_its_state():
+    """Clip-Cov's generator is checkpointed (``state_dict``): a strategy restored from it selects what the original
+    selects next; processes draw differently (seed + process index)."""
+    logps, old_logps, advantages, mask = batch(0)
+    context = LossContext(logps, old_logps, advantages, mask, None, 0.2, 0.2)
+    args = strategy_args(clip_cov_ratio=0.05, clip_cov_lb=-0.5, clip_cov_ub=2.0)
+    original = STRATEGIES.get("clip_cov")(args)
+    original.loss_terms(context)
+    restored = STRATEGIES.get("clip_cov")(args)
+    restored.load_state_dict(original.state_dict())
+    for _ in range(3):
+        assert torch.equal(original.loss_terms(context)[0].token_mask, restored.loss_terms(context)[0].token_mask)
+    other_rank = STRATEGIES.get("clip_cov")(strategy_args(clip_cov_ratio=0.05, clip_cov_lb=-0.5, clip_cov_ub=2.0,
+                                                          process_index=1))
+    draws = [(original.loss_terms(context)[0].token_mask, other_rank.loss_terms(context)[0].token_mask)
+             for _ in range(5)]
+    assert any(not torch.equal(a, b) for a, b in draws)
