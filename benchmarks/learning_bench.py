@@ -20,7 +20,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed")
+DEFAULT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed",
+                      "clip_cov", "kl_cov", "dppo_tv", "dppo_kl", "gmpo")
+# What a strategy needs beyond the demo config: GMPO its own aggregation (`loss_type: grpo`); KL-Cov and DPPO act only
+# off-policy (docs/methods.md §10.1), so they train with two updates per generation batch.
+STRATEGY_OPTIONS = {
+    "gmpo": ["--loss_type", "grpo"],
+    "kl_cov": ["--num_iterations", "2"],
+    "dppo_tv": ["--num_iterations", "2"],
+    "dppo_kl": ["--num_iterations", "2"],
+}
 
 
 def first_last_reward(trainer_state: dict, fraction: float = 0.1) -> tuple[float, float, int]:
@@ -35,7 +44,7 @@ def first_last_reward(trainer_state: dict, fraction: float = 0.1) -> tuple[float
 def run_one(strategy: str, seed: int, output_dir: Path, max_steps: int | None = None, timeout: int = 1800) -> dict:
     """Train the demo with one strategy and seed; return its first/last-10% rewards and wall time."""
     command = [sys.executable, "train.py", "--config", "configs/demo.yaml", "--strategies", strategy,
-               "--seed", str(seed), "--output_dir", str(output_dir)]
+               "--seed", str(seed), "--output_dir", str(output_dir), *STRATEGY_OPTIONS.get(strategy, [])]
     if max_steps is not None:
         command += ["--max_steps", str(max_steps)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

@@ -106,10 +106,11 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
             raise ConfigError(f"strategies={self.strategies}: {error}") from None
         kinds = [getattr(cls, "kind", None) for cls in strategy_classes]
         for name, kind in zip(self.strategies, kinds, strict=True):
-            if kind not in ("weight", "advantage"):
-                raise ValueError(f"Strategy {name!r} has kind {kind!r}; expected 'weight' or 'advantage'.")
+            if kind not in ("weight", "advantage", "loss"):
+                raise ValueError(f"Strategy {name!r} has kind {kind!r}; expected 'weight', 'advantage' or 'loss'.")
         if kinds.count("weight") > 1:
             raise ValueError(f"At most one token-weight strategy may be active; got {self.strategies}.")
+        check_loss_compositions(self.strategies, strategy_classes)
         ratio_placed = self.weight_placement == "ratio" and "weight" in kinds
         if ratio_placed and self.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
             raise ConfigError(
@@ -121,6 +122,34 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
             STRATEGIES.get(name).check_params(self)
         for cls in strategy_classes:
             cls.check_config(self)
+
+
+# LossTerms fields that at most one selected loss strategy may set (the others combine: masks multiply, terms add).
+EXCLUSIVE_LOSS_TERMS = ("clip_range", "sequence_loss")
+
+
+def check_loss_compositions(names: list[str], classes: list[type]) -> None:
+    """Refuse, in one line naming both strategies, a composition the loss does not define: two loss strategies that
+    set the same exclusive ``LossTerms`` field (the per-token clip range; a sequence objective), or a sequence-level
+    objective (GMPO) beside any other strategy (a token weight, token advantages or a token mask have no place in a
+    sequence's geometric mean)."""
+    for i, (name, cls) in enumerate(zip(names, classes, strict=True)):
+        sets = getattr(cls, "sets", frozenset()) if getattr(cls, "kind", None) == "loss" else frozenset()
+        for other, other_cls in zip(names[i + 1:], classes[i + 1:], strict=True):
+            other_sets = getattr(other_cls, "sets", frozenset()) if other_cls.kind == "loss" else frozenset()
+            shared = [field for field in EXCLUSIVE_LOSS_TERMS if field in sets and field in other_sets]
+            if shared:
+                raise ConfigError(
+                    f"strategies: {name} and {other} both set the loss's {shared[0].replace('_', ' ')}; the "
+                    "composition is not defined, choose one."
+                )
+            for first, first_sets, second in ((name, sets, other), (other, other_sets, name)):
+                if "sequence_loss" in first_sets:
+                    raise ConfigError(
+                        f"strategies: {first} (a sequence-level objective) cannot be combined with {second}: the "
+                        f"composition is not defined (its per-token terms have no place in {first}'s sequence "
+                        "ratio); use it alone."
+                    )
 
 
 # What each field of ours accepts, from the fields' own declarations, plus the values we add to two of TRL's fields

@@ -121,3 +121,73 @@ class StrategyParams:
     )
     # Pass@K (docs/methods.md §4).
     passk_k: int = param(4, "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025).", integer(1))
+    # Loss-side strategies (docs/methods.md §10). Defaults: verl's actor config (verl-project/verl
+    # verl/trainer/config/actor/actor.yaml) and the methods' released scripts; each help says which.
+    clip_cov_ratio: float = param(
+        0.0002,
+        "`clip_cov`: fraction r of a micro-batch's tokens (at least one) whose policy term is removed, drawn at random "
+        "among those with lb < c < ub (Cui et al. 2025, Clip-Cov; verl `clip_cov_ratio`).",
+        between(0, 1, low_open=True),
+    )
+    clip_cov_lb: float = param(
+        1.0, "`clip_cov`: lower bound of the covariance c = (A - mean A)(log p - mean log p) of a selectable token "
+        "(Clip-Cov omega_low; verl `clip_cov_lb`).", number(),
+    )
+    clip_cov_ub: float = param(
+        5.0, "`clip_cov`: upper bound of c of a selectable token (Clip-Cov omega_high; verl `clip_cov_ub`).",
+        number(),
+    )
+    clip_cov_keep_value: bool = param(
+        False,
+        "`clip_cov`: False (released code): a selected token's policy term is multiplied by 0 (value and gradient); "
+        "True (the paper's 'detach'): its value stays, its gradient stops. Same gradient. docs/methods.md §10.",
+        one_of(False, True),
+    )
+    kl_cov_ratio: float = param(
+        0.0002,
+        "`kl_cov`: fraction k of a micro-batch's tokens (at least one), those with the largest covariance c, that get "
+        "the |log p - log p_old| penalty (Cui et al. 2025, KL-Cov; verl `kl_cov_ratio`; the authors' scripts use "
+        "0.002 for 7B, 0.0002 for 32B).",
+        between(0, 1, low_open=True),
+    )
+    kl_cov_coef: float = param(
+        1.0,
+        "`kl_cov`: coefficient of the |log p - log p_old| penalty (KL-Cov beta; the authors' scripts and verl's "
+        "function default `ppo_kl_coef` = 1; verl's actor.yaml ships 0.1).",
+        non_negative(),
+    )
+    kl_cov_keep_clip: bool = param(
+        False,
+        "`kl_cov`: False (released code): the surrogate is the unclipped -r A (the configured clip is removed); True: "
+        "the penalty is added to the configured clipped surrogate.",
+        one_of(False, True),
+    )
+    dppo_tv_low: float = param(
+        0.15, "`dppo_tv`: delta_low, a negative-advantage token is masked when p - p_old < -delta_low (DPPO "
+        "Binary-TV; verl examples/dppo_trainer: 0.15).", positive(),
+    )
+    dppo_tv_high: float = param(
+        0.15, "`dppo_tv`: delta_high, a positive-advantage token is masked when p - p_old > delta_high.", positive(),
+    )
+    dppo_kl_low: float = param(
+        0.05, "`dppo_kl`: delta_low, a negative-advantage token with p < p_old is masked when the binary KL "
+        "D(p_old || p) > delta_low (DPPO Binary-KL; verl examples/dppo_trainer: 0.05).", positive(),
+    )
+    dppo_kl_high: float = param(
+        0.05, "`dppo_kl`: delta_high, a positive-advantage token with p > p_old is masked when the binary KL "
+        "D(p_old || p) > delta_high.", positive(),
+    )
+    dppo_keep_clip: bool = param(
+        False,
+        "`dppo_tv`/`dppo_kl`: False (released code): the trust-region mask replaces PPO's ratio clip (the surrogate "
+        "becomes -r A; with loss_type cispo the truncation epsilon_high stays, verl's clip_ratio_c); True: the mask "
+        "acts on top of the configured clip.",
+        one_of(False, True),
+    )
+    gmpo_epsilon_low: float = param(
+        0.4, "`gmpo`: log-space lower clip, log r >= -epsilon_low (GMPO's token clip; TRL GMPOConfig and verl's GMPO "
+        "example: 0.4).", positive(),
+    )
+    gmpo_epsilon_high: float = param(
+        0.4, "`gmpo`: log-space upper clip, log r <= epsilon_high (GMPO; TRL GMPOConfig and verl: 0.4).", positive(),
+    )

@@ -12,8 +12,9 @@ pipeline (`sharpgrpo.training.advantage_pipeline`), checkpoint state (`sharpgrpo
   rewards, the answer checks' verdicts and the values read from the decoding steps in one ``GenerationRecord``.
 * ``_compute_loss`` (TRL): TRL's policy loss for every TRL 1.16 loss type with the weight strategy's token weight
   placed in the ratio or the loss and in the KL term (docs/methods.md §1), keeping TRL's entropy mask, off-policy
-  mask, vLLM importance-sampling ratio, entropy bonus and metric names. With ``equal`` it equals the parent's loss
-  and gradients (tests/integration/test_parity.py). ``compute_loss`` (transformers) runs the sharpness probe first.
+  mask, vLLM importance-sampling ratio, entropy bonus and metric names; the loss strategies' terms (masks, extra
+  terms, per-token clip range and KL factor, a sequence objective) are folded in by `sharpgrpo.training.loss_terms`.
+  With ``equal`` it equals the parent's loss and gradients (tests/integration/test_parity.py). ``compute_loss`` (transformers) runs the sharpness probe first.
 * ``train``, ``_get_grad_norm``, ``_save_rng_state``, ``_load_rng_state`` (transformers) and ``create_model_card``
   (TRL): resume checks, the non-finite-gradient stop, strategy state in checkpoints, the strategies on the card.
 """
@@ -29,7 +30,8 @@ from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
-from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
+from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenLossStrategy, TokenWeightStrategy
+from sharpgrpo.strategies.base import LossContext
 from sharpgrpo.strategies.correctness import answer_verdicts
 from sharpgrpo.training.advantage_pipeline import (
     GenerationRecord,
@@ -41,6 +43,14 @@ from sharpgrpo.training.advantage_pipeline import (
 from sharpgrpo.training.entropy_bonus import entropy_bonus
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
+from sharpgrpo.training.loss_terms import (
+    apply_token_terms,
+    clip_range,
+    collect_loss_terms,
+    log_loss_strategy_metrics,
+    sequence_objective_loss,
+    weighted_kl,
+)
 from sharpgrpo.training.losses import (
     PPO_CLIP_LOSS_TYPES,
     WINDOW_NORMALISED_LOSS_TYPES,
@@ -82,6 +92,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         strategies = [classes[name](args) for name in args.strategies]
         self.weight_strategy: TokenWeightStrategy | None = next((s for s in strategies if s.kind == "weight"), None)
         self.advantage_strategies: list[AdvantageStrategy] = [s for s in strategies if s.kind == "advantage"]
+        self.loss_strategies: list[TokenLossStrategy] = [s for s in strategies if s.kind == "loss"]
         self._strategy_output_checker = StrategyOutputChecker(classes)  # shape, finite, w > 0; names it
         self._generation = GenerationRecord()  # filled by the generation hooks, read by the advantage strategies
         self._generation_count = 0
@@ -257,6 +268,12 @@ class SharpGRPOTrainer(GRPOTrainer):
                 sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
                 mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
             )
+        terms = strategy_metrics = None
+        if self.loss_strategies:  # gradient/trust-region masks, extra terms, clip range, sequence objective
+            terms, strategy_metrics = collect_loss_terms(self.loss_strategies, LossContext(
+                per_token_logps, old_per_token_logps, advantages, mask, entropies.detach(), self.epsilon_low,
+                self.epsilon_high, entropy_mask))
+        epsilon_low, epsilon_high = clip_range(terms, self.epsilon_low, self.epsilon_high)
         log_ratio = per_token_logps - old_per_token_logps
         coef_1 = torch.exp(
             log_importance_weights(per_token_logps, old_per_token_logps, mask, self.importance_sampling_level)
@@ -278,10 +295,11 @@ class SharpGRPOTrainer(GRPOTrainer):
             )
         per_token_loss, surrogate_ratio = weighted_policy_surrogate(
             self.loss_type, coef_1, advantages, per_token_logps, weights, args.weight_placement,
-            epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, delta=args.delta,
+            epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=args.delta,
             sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
             phi_seq=phi_seq,
         )
+        per_token_loss = apply_token_terms(per_token_loss, terms)
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * off_policy_mask
         if entropy_mask is not None:
@@ -289,6 +307,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # VESPO has it inside phi
         if self.beta != 0.0:
+            per_token_kl = weighted_kl(per_token_kl, terms)
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
@@ -297,9 +316,13 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.loss_type in WINDOW_NORMALISED_LOSS_TYPES:
             window_tokens = window_token_share(inputs["num_items_in_batch"], self.accelerator.num_processes,
                                                *((accumulation, args.steps_per_generation) if mode == "train" else ()))
-        loss, policy_loss = aggregate_loss(per_token_loss, mask, self.loss_type, accumulation_steps=accumulation,
-                                           window_tokens=window_tokens,
-                                           max_completion_length=self.max_completion_length)
+        if terms is not None and terms.sequence_loss is not None:  # GMPO: replaces the surrogate and aggregation
+            loss, policy_loss = sequence_objective_loss(terms.sequence_loss, per_token_kl if self.beta else None,
+                                                        self.beta, mask, accumulation)
+        else:
+            loss, policy_loss = aggregate_loss(per_token_loss, mask, self.loss_type, accumulation_steps=accumulation,
+                                               window_tokens=window_tokens,
+                                               max_completion_length=self.max_completion_length)
         if self._entropy_bonus_enabled:
             effective_mask = mask if entropy_mask is None else mask * entropy_mask
             loss = loss - entropy_bonus(self, entropies, effective_mask, policy_loss, mode)
@@ -308,14 +331,16 @@ class SharpGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         metrics, accelerator = self._metrics[mode], self.accelerator
-        log_loss_metrics(accelerator, metrics, self.loss_type, self.epsilon_low, self.epsilon_high, mask, entropies,
+        log_loss_metrics(accelerator, metrics, self.loss_type, epsilon_low, epsilon_high, mask, entropies,
                          coef_1, advantages, per_token_kl if self.beta else None, phi_seq)
+        if strategy_metrics:
+            log_loss_strategy_metrics(accelerator, metrics, strategy_metrics)
         if folded is not None:
             metrics[folded.loss_factor_metric].append(global_masked_mean(accelerator, loss_factor, mask))
         if weights is not None:
             clipped_ratio = surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None
-            bad = log_weight_metrics(accelerator, metrics, self.weight_strategy.bounds(), self.epsilon_low,
-                                     self.epsilon_high, mask, weights, clipped_ratio, advantages, bad_weights)
+            bad = log_weight_metrics(accelerator, metrics, self.weight_strategy.bounds(), epsilon_low,
+                                     epsilon_high, mask, weights, clipped_ratio, advantages, bad_weights)
             if bad:
                 self._strategy_output_checker.raise_for_weights(self.weight_strategy, weights, per_token_logps, mask)
         return loss
@@ -324,7 +349,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     # Checkpoints and the model card
     # ------------------------------------------------------------------------------------------------------------
     def _strategies(self) -> list:
-        return ([self.weight_strategy] if self.weight_strategy else []) + self.advantage_strategies
+        return ([self.weight_strategy] if self.weight_strategy else []) + self.advantage_strategies + self.loss_strategies
 
     def strategy_state(self) -> dict[str, dict]:
         return {type(s).__name__: s.state_dict() for s in self._strategies()}

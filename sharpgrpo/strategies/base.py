@@ -1,12 +1,15 @@
 """Strategy interfaces and the strategy registry.
 
-Two kinds of strategy change the GRPO policy loss (docs/methods.md, Notation):
+Three kinds of strategy change the GRPO policy loss (docs/methods.md, Notation and "Strategy kinds"):
 
 * a **token-weight** strategy returns ``w[i, t]`` used inside the per-token surrogate of every micro-batch
   (placement ``ratio`` or ``loss``); it sees only the current micro-batch and is evaluated from the detached,
   temperature-scaled probabilities of the policy being trained (GRPO-SG Eq. 19);
 * an **advantage** strategy returns token advantages ``A[i, t]`` replacing TRL's broadcast ``A[i]``; it is run
-  once per generation batch, before TRL shuffles and splits it, on whole groups gathered from every process.
+  once per generation batch, before TRL shuffles and splits it, on whole groups gathered from every process;
+* a **loss** strategy changes, per micro-batch and inside the loss, how each token's policy term enters it
+  (``LossTerms``: a gradient mask, a trust-region mask, an extra per-token term, a per-token clip range or KL factor,
+  or a sequence-level objective replacing the per-token surrogate).
 
 Strategies are pure tensor code: no trainer, accelerate or transformers imports. Each registered class is a thin
 adapter that reads its parameters from ``args`` and calls a pure function that cites its equation. The parameters
@@ -215,6 +218,8 @@ class LossContext:
         mask: (B, T) {0, 1}, 1 on completion tokens that enter the loss.
         entropies: (B, T) detached per-token entropy of the policy being trained (the tensor TRL's loss computes).
         epsilon_low, epsilon_high: the configured clip range of the ratio.
+        entropy_mask: (B, T) {0, 1} or None, TRL's top-entropy mask (``top_entropy_quantile`` < 1), which TRL applies
+            to the per-token loss after the loss-side terms; a sequence-level objective applies it itself (GMPO).
     """
 
     logps: torch.Tensor
@@ -224,18 +229,28 @@ class LossContext:
     entropies: torch.Tensor | None
     epsilon_low: float
     epsilon_high: float
+    entropy_mask: torch.Tensor | None = None
 
 
 @dataclass
 class LossTerms:
-    """What a loss-side strategy changes in the per-token loss; every field (B, T) or None (unchanged).
+    """What a loss-side strategy changes in the per-token loss; every field (B, T) (or broadcastable to it) or None
+    (unchanged). How the fields of several strategies combine (``sharpgrpo.training.loss_terms``): masks and KL
+    factors multiply, extra terms add; the clip range and a sequence objective belong to one strategy at most
+    (``TokenLossStrategy.sets``), which the config checks.
 
     Attributes:
-        gradient_mask: {0, 1}; 0 stops the gradient of the token's policy term (its value stays): Clip-Cov.
-        token_mask: {0, 1}; 0 removes the token's policy term from the loss: a trust-region mask (DPPO).
-        extra_loss: a per-token term added to the per-token loss, with its own graph: KL-Cov's penalty.
-        epsilon_low, epsilon_high: per-token clip range replacing the configured one: Archer.
+        gradient_mask: {0, 1}; 0 stops the gradient of the token's policy term (its value stays): Clip-Cov's
+            "detach" as the paper words it.
+        token_mask: {0, 1}; 0 removes the token's policy term from the loss (value and gradient; the token still
+            counts in the loss type's normaliser): a trust-region mask (DPPO), Clip-Cov as released.
+        extra_loss: a per-token term added to the policy term, with its own graph: KL-Cov's penalty.
+        epsilon_low, epsilon_high: per-token clip range replacing the configured one (Archer; ``inf`` for
+            ``epsilon_high`` and 1 for ``epsilon_low`` remove PPO's clip, as KL-Cov and DPPO release it).
         kl_weight: a per-token factor on the beta * KL term: Archer.
+        sequence_loss: (B,) per-sequence policy loss replacing the per-token surrogate and its aggregation: the
+            micro-batch's policy loss is its mean over sequences, plus beta times each sequence's token-mean KL
+            (GMPO, TRL's ``trl.experimental.gmpo``).
     """
 
     gradient_mask: torch.Tensor | None = None
@@ -244,6 +259,7 @@ class LossTerms:
     epsilon_low: torch.Tensor | None = None
     epsilon_high: torch.Tensor | None = None
     kl_weight: torch.Tensor | None = None
+    sequence_loss: torch.Tensor | None = None
 
 
 class TokenLossStrategy(Strategy):
@@ -253,6 +269,38 @@ class TokenLossStrategy(Strategy):
     logs the weight metrics."""
 
     kind: ClassVar[str] = "loss"
+    # The LossTerms fields it may set. Two selected strategies that both set an exclusive field ("clip_range",
+    # "sequence_loss") are refused at config time, naming both; a strategy that sets "sequence_loss" replaces the
+    # per-token surrogate, so no weight, advantage or other loss strategy composes with it.
+    sets: ClassVar[frozenset[str]] = frozenset()
+    # TRL loss types whose surrogate the strategy's terms are defined on; None: every one. Checked at config time.
+    loss_types: ClassVar[tuple[str, ...] | None] = None
+    # TRL importance-sampling levels it is defined for (its terms read the token ratio p / p_old).
+    importance_sampling_levels: ClassVar[tuple[str, ...]] = ("token",)
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """The configured loss type and importance-sampling level are ones the strategy is defined for."""
+        from sharpgrpo.validation import ConfigError
+
+        name = cls.registered_name()
+        if cls.loss_types is not None and args.loss_type not in cls.loss_types:
+            raise ConfigError(
+                f"strategies: {name} is not defined with loss_type={args.loss_type} (it supports "
+                f"{', '.join(cls.loss_types)}); set loss_type to one of them or drop {name}."
+            )
+        if args.importance_sampling_level not in cls.importance_sampling_levels:
+            raise ConfigError(
+                f"strategies: {name} is not defined with importance_sampling_level={args.importance_sampling_level} "
+                f"(it reads the token ratio p / p_old; supported: {', '.join(cls.importance_sampling_levels)})."
+            )
+
+    @classmethod
+    def registered_name(cls) -> str:
+        """The name the strategy is registered under (its class name when it is not registered)."""
+        return next((name for name in STRATEGIES.names() if STRATEGIES.get(name) is cls), cls.__name__)
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+        """One micro-batch -> (the terms it changes, metrics as 0-d device tensors: averaged over processes and
+        logged under their names, with no host synchronisation of their own)."""
         raise NotImplementedError

@@ -38,7 +38,8 @@ def test_every_strategy_trains_with_finite_metrics(smol_path, smol_tokenizer, tm
     model = AutoModelForCausalLM.from_pretrained(smol_path, dtype=torch.float32)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     trainer = SharpGRPOTrainer(
-        model=model, reward_funcs=[get_reward_function("addition")], args=small_args(tmp_path, strategies=[strategy]),
+        model=model, reward_funcs=[get_reward_function("addition")],
+        args=small_args(tmp_path, strategies=[strategy], **({"loss_type": "grpo"} if strategy == "gmpo" else {})),
         train_dataset=load_train_dataset("addition", num_prompts=16, seed=1), processing_class=smol_tokenizer,
     )  # fmt: skip
     trainer.train()
@@ -48,7 +49,8 @@ def test_every_strategy_trains_with_finite_metrics(smol_path, smol_tokenizer, tm
         bad = {k: v for k, v in entry.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not bad, f"non-finite metrics {bad}"
     prefix = {"grpo_sg": "token_weight/", "equal": "token_weight/", "random": "token_weight/",
-              "reverse": "token_weight/", "ar": "ar/", "cw_grpo": "cw/", "thr": "thr/", "passk_mixed": "passk/"}
+              "reverse": "token_weight/", "ar": "ar/", "cw_grpo": "cw/", "thr": "thr/", "passk_mixed": "passk/",
+              "clip_cov": "clip_cov/", "kl_cov": "kl_cov/", "dppo_tv": "dppo/", "dppo_kl": "dppo/", "gmpo": "gmpo/"}
     if strategy in prefix:
         assert any(key.startswith(prefix[strategy]) for key in logs[0]), sorted(logs[0])
     assert any(not torch.equal(p.detach(), before[name]) for name, p in model.named_parameters())

@@ -1,0 +1,99 @@
+"""The loss-side strategies' terms (``sharpgrpo.strategies.base.LossTerms``) folded into the loss.
+
+Pure torch plus the accelerator that reduces the metrics. ``SharpGRPOTrainer._compute_loss`` builds a ``LossContext``,
+calls ``collect_loss_terms`` once per micro-batch, passes the clip range it returns to the surrogate, then
+``apply_token_terms`` to the per-token policy term (before TRL's off-policy mask, entropy mask and vLLM
+importance-sampling ratio, which act on the whole policy term, as verl's ``rollout_is_weights`` do), the KL factor to
+the beta * KL term, or, for a sequence-level objective, ``sequence_objective_loss`` in place of the surrogate and its
+aggregation. Order inside the policy term (docs/methods.md, "Strategy kinds"):
+
+    l[i,t] = token_mask * where(gradient_mask, s, sg[s]) + extra_loss,    s = surrogate(r; eps_low[i,t], eps_high[i,t])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sharpgrpo.strategies.base import LossContext, LossTerms
+
+
+def collect_loss_terms(strategies, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+    """Every loss strategy's terms for one micro-batch, combined: masks and KL factors multiply, extra terms add, the
+    clip range and a sequence objective come from the one strategy that sets them (the config refuses two). Returns
+    (combined terms, metrics as 0-d device tensors)."""
+    combined, metrics = LossTerms(), {}
+    for strategy in strategies:
+        terms, strategy_metrics = strategy.loss_terms(context)
+        metrics.update(strategy_metrics)
+        for name in ("gradient_mask", "token_mask", "kl_weight"):
+            combined = _merge(combined, name, getattr(terms, name), torch.mul)
+        combined = _merge(combined, "extra_loss", terms.extra_loss, torch.add)
+        for name in ("epsilon_low", "epsilon_high", "sequence_loss"):
+            if getattr(terms, name) is not None:
+                setattr(combined, name, getattr(terms, name))
+    return combined, metrics
+
+
+def _merge(terms: LossTerms, name: str, value: torch.Tensor | None, combine) -> LossTerms:
+    if value is not None:
+        current = getattr(terms, name)
+        setattr(terms, name, value if current is None else combine(current, value))
+    return terms
+
+
+def clip_range(terms: LossTerms | None, epsilon_low: float, epsilon_high: float):
+    """The clip range the surrogate uses: the strategy's per-token one where set, else the configured floats."""
+    if terms is None:
+        return epsilon_low, epsilon_high
+    low = epsilon_low if terms.epsilon_low is None else terms.epsilon_low
+    high = epsilon_high if terms.epsilon_high is None else terms.epsilon_high
+    return low, high
+
+
+def apply_token_terms(per_token_loss: torch.Tensor, terms: LossTerms | None) -> torch.Tensor:
+    """The policy term with the strategies' masks and extra term: ``token_mask * where(gradient_mask, l, sg[l]) +
+    extra_loss``. (B, T) -> (B, T)."""
+    if terms is None:
+        return per_token_loss
+    if terms.gradient_mask is not None:
+        per_token_loss = torch.where(terms.gradient_mask.bool(), per_token_loss, per_token_loss.detach())
+    if terms.token_mask is not None:
+        per_token_loss = per_token_loss * terms.token_mask
+    if terms.extra_loss is not None:
+        per_token_loss = per_token_loss + terms.extra_loss
+    return per_token_loss
+
+
+def weighted_kl(per_token_kl: torch.Tensor, terms: LossTerms | None) -> torch.Tensor:
+    """The per-token KL estimate times the strategies' ``kl_weight`` (Archer), where set."""
+    if terms is None or terms.kl_weight is None:
+        return per_token_kl
+    return per_token_kl * terms.kl_weight
+
+
+def sequence_objective_loss(
+    sequence_loss: torch.Tensor, per_token_kl: torch.Tensor | None, beta: float, mask: torch.Tensor,
+    accumulation_steps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence-level objective's micro-batch loss, as TRL 1.16's ``GMPOTrainer._compute_loss`` aggregates it:
+
+        L = mean_i ( sequence_loss[i] + beta * sum_t kl[i,t] mask[i,t] / max(1, sum_t mask[i,t]) ) / accumulation
+
+    Shapes: ``sequence_loss`` (B,), ``per_token_kl`` and ``mask`` (B, T). Returns (loss to back-propagate, the
+    mean policy loss before the division)."""
+    per_sequence = sequence_loss
+    if per_token_kl is not None and beta != 0.0:
+        per_sequence = per_sequence + beta * (per_token_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    loss = per_sequence.mean()
+    return loss / accumulation_steps, loss.detach()
+
+
+def log_loss_strategy_metrics(accelerator, metrics: dict[str, list], values: dict[str, torch.Tensor]) -> None:
+    """Append the loss strategies' 0-d device metrics, averaged over processes, read with one host synchronisation."""
+    if not values:
+        return
+    names = list(values)
+    local = torch.stack([values[name].detach().float().reshape(()) for name in names])
+    reduced = accelerator.reduce(local, reduction="mean").tolist()
+    for name, value in zip(names, reduced, strict=True):
+        metrics[name].append(value)
