@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed")
+DEFAULT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed",
+                      "entropy_shaping", "gtpo", "ktae", "archer")
 
 
 def first_last_reward(trainer_state: dict, fraction: float = 0.1) -> tuple[float, float, int]:

@@ -44,7 +44,8 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         metadata={
             "help": "Token-level strategies, by registered name or dotted import path; one name, a list, or a "
             "comma-separated string. Weight strategies: `grpo_sg`, `equal`, `random`, `reverse`. Advantage "
-            "strategies: `ar`, `cw_grpo`, `thr`, `nthr`, `passk_mixed`. At most one weight strategy."
+            "strategies: `ar`, `cw_grpo`, `thr`, `nthr`, `passk_mixed`, `entropy_shaping`, `gtpo`, `ktae`. Loss-side: "
+            "`archer`. At most one weight strategy."
         },
     )
     # How a token weight enters the loss (docs/methods.md §1).

@@ -80,11 +80,11 @@ METRICS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [
-    dict(strategies=["entropy_shaping"]),
-    dict(strategies=["gtpo"]),
-    dict(strategies=["gtpo"], gtpo_level="sequence", gtpo_normalization="separate"),
-    dict(strategies=["ktae"]),
-    dict(strategies=["grpo_sg", "ktae", "entropy_shaping"], top_entropy_quantile=0.2),
+    {"strategies": ["entropy_shaping"]},
+    {"strategies": ["gtpo"]},
+    {"strategies": ["gtpo"], "gtpo_level": "sequence", "gtpo_normalization": "separate"},
+    {"strategies": ["ktae"]},
+    {"strategies": ["grpo_sg", "ktae", "entropy_shaping"], "top_entropy_quantile": 0.2},
 ], ids=lambda c: "+".join(c["strategies"]) + ("-" + c.get("gtpo_level", "") if "gtpo_level" in c else ""))
 def test_entropy_strategies_train_and_log(tiny_model_path, tmp_path, case):
     """Two steps of the tiny model (two groups of 8, binary rewards): parameters change, each strategy's metrics are
