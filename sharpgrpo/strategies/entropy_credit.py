@@ -24,6 +24,7 @@ detached by construction (sg[.]).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -156,6 +157,23 @@ class GTPOStrategy(AdvantageStrategy):
         "Tan et al. 2025, GTPO and GRPO-S: Token and Sequence-Level Reward Shaping with Policy Entropy.",
         "2508.04349",
     )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """Warn when advantage strategies listed before ``gtpo`` would have their output replaced."""
+        from sharpgrpo.strategies.base import STRATEGIES
+
+        names = list(args.strategies)
+        if "gtpo" not in names:  # selected by a dotted path: nothing to say
+            return
+        earlier = [n for n in names[: names.index("gtpo")] if STRATEGIES.get(n).kind == "advantage"]
+        if earlier:
+            warnings.warn(
+                f"strategies={names}: gtpo replaces the token advantages of {earlier} listed before it (it computes "
+                "its own from the outcomes); list gtpo first to compose them (docs/methods.md §10.3).",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         args: Any = self.args

@@ -142,3 +142,10 @@ def test_gtpo_strategy_runs_per_group():
     torch.testing.assert_close(out[:6].double(), gtpo_advantages(e1.float(), m1, c1, 1.0, 0.1, "sequence").double())
     torch.testing.assert_close(out[6:].double(), gtpo_advantages(e2.float(), m2, c2, 1.0, 0.1, "sequence").double())
     assert set(metrics) == {"gtpo/frac_positive", "gtpo/abs_mean", "gtpo/entropy_mean"}
+
+
+def test_gtpo_warns_when_it_would_replace_earlier_advantage_strategies(tmp_path):
+    from helpers import cpu_config
+
+    with pytest.warns(UserWarning, match=r"gtpo replaces the token advantages of \['ktae'\]"):
+        cpu_config(tmp_path, strategies=["ktae", "gtpo"])
