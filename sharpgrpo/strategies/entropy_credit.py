@@ -36,6 +36,12 @@ from sharpgrpo.strategies.thr import group_slices
 GTPO_EPS = 1e-8  # the denominators of the shares and of the normalisation (GTPO Remark 2.1's epsilon)
 
 
+def _sampling_entropies(batch: GenerationBatch, name: str) -> torch.Tensor:
+    if batch.entropies is None:
+        raise ValueError(f"{name} needs GenerationBatch.entropies (the trainer fills it for `needs_entropies`).")
+    return batch.entropies.to(batch.advantages.dtype)
+
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp_min(1))
 
@@ -128,7 +134,7 @@ class EntropyShapingStrategy(AdvantageStrategy):
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.completion_mask.to(batch.advantages.dtype)
-        entropies = batch.entropies.to(batch.advantages.dtype)
+        entropies = _sampling_entropies(batch, "entropy_shaping")
         shaped, bonus = entropy_shaped_advantages(batch.advantages, entropies, self.args.entropy_shaping_alpha,
                                                   self.args.entropy_shaping_kappa)
         shaped = torch.where(mask.bool(), shaped, batch.advantages)
@@ -179,7 +185,7 @@ class GTPOStrategy(AdvantageStrategy):
         args: Any = self.args
         out = torch.zeros_like(batch.advantages)
         correct = batch_correct(batch).to(out.device)
-        entropies = batch.entropies.to(out.dtype)
+        entropies = _sampling_entropies(batch, "gtpo")
         for rows in group_slices(batch.group_ids):
             out[rows] = gtpo_advantages(entropies[rows], batch.completion_mask[rows], correct[rows],
                                         args.gtpo_alpha1, args.gtpo_alpha2, args.gtpo_level,
