@@ -149,3 +149,15 @@ def test_gtpo_warns_when_it_would_replace_earlier_advantage_strategies(tmp_path)
 
     with pytest.warns(UserWarning, match=r"gtpo replaces the token advantages of \['ktae'\]"):
         cpu_config(tmp_path, strategies=["ktae", "gtpo"])
+
+
+@pytest.mark.parametrize("field, value", [("entropy_shaping_kappa", 0.5), ("entropy_shaping_alpha", -0.1),
+                                          ("gtpo_alpha2", -1.0), ("gtpo_level", "tokens")])
+def test_out_of_range_parameters_are_refused_in_one_line(tmp_path, field, value):
+    from helpers import cpu_config
+
+    from sharpgrpo.validation import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{field}=") as error:
+        cpu_config(tmp_path, **{field: value})
+    assert "\n" not in str(error.value)
