@@ -19,6 +19,9 @@ CW_ADVANTAGE_MEANS = ("response", "token")
 CW_VARIANTS = ("paper", "released")
 DEFAULT_SIGMA_EPS = 1e-8  # docs/methods.md §2.2: below it a scope's weights are 1
 VOCAB_MODES = ("full", "sampled")
+ARCHER_KL_MEANS = ("split", "token")
+GTPO_LEVELS = ("token", "sequence")
+GTPO_NORMALIZATIONS = ("group", "separate")
 
 
 class _RuledField(dataclasses.Field):
@@ -190,4 +193,85 @@ class StrategyParams:
     )
     gmpo_epsilon_high: float = param(
         0.4, "`gmpo`: log-space upper clip, log r <= epsilon_high (GMPO; TRL GMPOConfig and verl: 0.4).", positive(),
+    )
+    # Entropy-aware token credit (docs/methods.md §11). Defaults: the authors' configs (see each help).
+    archer_entropy_quantile: float = param(
+        0.8,
+        "`archer`: per response, tokens with entropy above this quantile of the response's token entropies are "
+        "high-entropy (ArcherCodeR `token_entropy_quantile=0.8`; Archer Sec. 3).",
+        between(0, 1, low_open=True, high_open=True),
+    )
+    archer_low_entropy_clip_low: float = param(
+        0.2, "`archer`: epsilon_low of low-entropy tokens (ArcherCodeR `low_entropy_clip_ratio_low=0.2`).",
+        between(0, 1, high_open=True),
+    )
+    archer_low_entropy_clip_high: float = param(
+        0.2, "`archer`: epsilon_high of low-entropy tokens (ArcherCodeR `low_entropy_clip_ratio_high=0.2`).",
+        non_negative(),
+    )
+    archer_high_entropy_clip_low: float = param(
+        0.5, "`archer`: epsilon_low of high-entropy tokens (ArcherCodeR `high_entropy_clip_ratio_low=0.5`).",
+        between(0, 1, high_open=True),
+    )
+    archer_high_entropy_clip_high: float = param(
+        0.5, "`archer`: epsilon_high of high-entropy tokens (ArcherCodeR `high_entropy_clip_ratio_high=0.5`).",
+        non_negative(),
+    )
+    archer_high_entropy_kl_scale: float = param(
+        0.0,
+        "`archer`: KL weight of high-entropy tokens relative to beta (low-entropy tokens: 1). ArcherCodeR's "
+        "`high_entropy_kl_loss_scale_coef=0`: no KL on high-entropy tokens.",
+        non_negative(),
+    )
+    archer_kl_mean: str = param(
+        "split",
+        "`archer`: `split` (ArcherCodeR dp_actor.py: the KL is averaged over low- and over high-entropy tokens "
+        "separately, each set then weighted) or `token` (one mean over all tokens, the paper's Eq. as printed).",
+        one_of(*ARCHER_KL_MEANS),
+    )
+    entropy_shaping_alpha: float = param(
+        0.4,
+        "`entropy_shaping`: alpha of Cheng et al. 2025, A' = A + min(alpha sg[H], |A| / kappa) (paper: 0.4).",
+        non_negative(),
+    )
+    entropy_shaping_kappa: float = param(
+        2.0, "`entropy_shaping`: kappa of Cheng et al. 2025: the bonus is at most |A| / kappa (paper: 2).",
+        number(low=1.0, note="below 1 the bonus can turn a negative advantage positive"),
+    )
+    gtpo_alpha1: float = param(
+        1.0, "`gtpo`: alpha_1 of GTPO Eq. 3/5, weight of the outcome reward (+1 correct, -1 incorrect) (paper: 1).",
+        non_negative(),
+    )
+    gtpo_alpha2: float = param(
+        0.1, "`gtpo`: alpha_2 of GTPO Eq. 3/5, weight of the entropy-share reward (paper: 0.1).", non_negative(),
+    )
+    gtpo_level: str = param(
+        "token",
+        "`gtpo`: `token` (GTPO, Eq. 3-6: per-token shaped rewards) or `sequence` (GRPO-S: each completion's mean "
+        "entropy shapes its one reward).",
+        one_of(*GTPO_LEVELS),
+    )
+    gtpo_normalization: str = param(
+        "group",
+        "`gtpo`: shaped rewards normalised over the group's tokens together (`group`) or over the correct and the "
+        "incorrect completions' tokens separately (`separate`, Eq. 6 read per set). docs/methods.md §11.3.",
+        one_of(*GTPO_NORMALIZATIONS),
+    )
+    ktae_alpha: float = param(
+        1.0, "`ktae`: weight of the Fisher-exact-test term exp(-2p) (released compute_key_tokens.py `alpha`: 1.0).",
+        non_negative(),
+    )
+    ktae_beta: float = param(
+        1.0,
+        "`ktae`: weight of the information-gain term. 1.0: the value the released code uses "
+        "(core_algos.py passes beta_ig=1.0; the scripts' beta_ig=2.0 is not read).",
+        non_negative(),
+    )
+    ktae_frequency: bool = param(
+        True, "`ktae`: add the BM25-style frequency ratio to the Cohen's-h direction (released `gamma_tf=1.0`).",
+        one_of(False, True),
+    )
+    ktae_scale: float = param(
+        1.0, "`ktae`: the key-token score is (sigmoid(s) - 0.5) * 2 * scale, in (-scale, scale) (released `top`).",
+        non_negative(),
     )

@@ -41,6 +41,7 @@ from sharpgrpo.training.advantage_pipeline import (
     tag_groups,
 )
 from sharpgrpo.training.entropy_bonus import entropy_bonus
+from sharpgrpo.training.entropy_inputs import refuse_unavailable_sampling_entropy, strategy_loss_weights
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
 from sharpgrpo.training.loss_terms import (
@@ -103,6 +104,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:
             raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
+        refuse_unavailable_sampling_entropy(self.advantage_strategies, self.rollout_func)
         self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
         if self.use_vllm and self.vllm_mode == "colocate":
             seed_colocated_vllm(args, self.accelerator.process_index)
@@ -173,13 +175,15 @@ class SharpGRPOTrainer(GRPOTrainer):
         strategies = self._generation_strategies()
         logps = any(s.needs_old_logps for s in strategies) and not self._trl_computes_old_logps()
         hidden = any(s.needs_hidden_states for s in strategies)
+        entropy = any(s.needs_entropies for s in strategies)
         generate = partial(super()._generate_single_turn, prompt_ids, images, multimodal_fields, num_generations,
                            has_tool_images)
-        if not (logps or hidden) or not self.args.generation_capture or self.use_vllm or (
+        if not (logps or hidden or entropy) or not self.args.generation_capture or self.use_vllm or (
             self.use_transformers_continuous_batching
         ):
             return generate()
-        with GenerationCapture(causal_lm(self.accelerator, self.model), self.temperature, logps=logps, hidden=hidden) as capture:
+        with GenerationCapture(causal_lm(self.accelerator, self.model), self.temperature, logps=logps, hidden=hidden,
+                               entropy=entropy) as capture:
             completion_ids, logprobs = generate()
         self._generation.captured = capture.result(completion_ids)
         return completion_ids, logprobs
@@ -209,14 +213,15 @@ class SharpGRPOTrainer(GRPOTrainer):
         captured, record.captured = record.captured, {}  # this batch's decoding-step values are read once
         local_rows, local_length = output["completion_ids"].shape
         captured = {k: fit_width(v, local_length) for k, v in captured.items() if v.shape[0] == local_rows}
-        old_logps, hidden_states = policy.strategy_inputs(
-            output, captured, any(s.needs_hidden_states for s in strategies), any(s.needs_old_logps for s in strategies))
+        old_logps, hidden_states, entropies = policy.strategy_inputs(
+            output, captured, any(s.needs_hidden_states for s in strategies), any(s.needs_old_logps for s in strategies),
+            any(s.needs_entropies for s in strategies))
         needs_correctness = any(s.needs_correctness for s in self.advantage_strategies)
         with policy.unembedding(hidden_states is not None) as unembedding:
             batch = gathered_batch(self.accelerator, output, record, self.reward_weights, old_logps=old_logps,
                                    hidden_states=hidden_states, unembedding=unembedding,
                                    num_generations=num_generations, temperature=self.temperature,
-                                   needs_correctness=needs_correctness)
+                                   needs_correctness=needs_correctness, entropies=entropies)
             dump = None
             if self.args.dump_token_scores and self.accelerator.is_main_process:  # per-token scores, for inspection
                 dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "token_scores"),
@@ -234,10 +239,10 @@ class SharpGRPOTrainer(GRPOTrainer):
         with self._sharpness.around_training_loss(self, model, inputs):  # SAM-style probe when due
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-    def _token_weights(self, per_token_logps, mask, advantages) -> tuple[torch.Tensor, torch.Tensor]:
-        """The weight strategy's w (detached unless its ``loss_weights`` lets gradient through) and the output
-        checker's device count of invalid values."""
-        weights = self.weight_strategy.loss_weights(per_token_logps, mask, advantages)
+    def _token_weights(self, per_token_logps, mask, advantages, entropies) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight strategy's w (detached unless its ``loss_weights`` lets gradient through; it sees the detached
+        per-token entropies) and the output checker's device count of invalid values."""
+        weights = strategy_loss_weights(self.weight_strategy, per_token_logps, mask, advantages, entropies)
         return weights, self._strategy_output_checker.count_bad_weights(self.weight_strategy, weights, per_token_logps, mask)
 
     def _compute_loss(self, model, inputs):
@@ -281,7 +286,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         weights = bad_weights = None
         if self.weight_strategy is not None:
             weights, bad_weights = self._sharpness.pinned(
-                partial(self._token_weights, per_token_logps, mask, advantages)
+                partial(self._token_weights, per_token_logps, mask, advantages, entropies)
             )
         if self.beta != 0.0:
             per_token_kl = kl_penalty(inputs["ref_per_token_logps"], per_token_logps, weights, args.kl_weighting,

@@ -66,6 +66,10 @@ class GenerationBatch:
         correct: (B,) bool or None; whether each completion is correct (``sharpgrpo.strategies.correctness``: the reward
             functions' answer checks, else the docs/methods.md §3 fallback). Filled when a strategy sets
             ``needs_correctness``; strategies read it through ``sharpgrpo.strategies.correctness.batch_correct``.
+        entropies: (B, T) float32 or None; the per-token entropy H[i, t] = -sum_v p(v) log p(v) of the sampling
+            policy's temperature-scaled next-token distribution at each completion position (any value on padding).
+            Filled only when a strategy sets ``needs_entropies``, from the pass that already serves the old
+            log-probabilities and hidden states (``sharpgrpo.training.entropy_inputs``).
     """
 
     old_logps: torch.Tensor | None
@@ -80,6 +84,7 @@ class GenerationBatch:
     unembedding_bias: torch.Tensor | None = None
     temperature: float = 1.0
     correct: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
 
 
 def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
@@ -165,10 +170,13 @@ class TokenWeightStrategy(Strategy):
         """(B, T) detached log-probabilities and mask -> (B, T) weights (any value on masked positions)."""
         raise NotImplementedError
 
-    def loss_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    def loss_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, *,
+                     entropies: torch.Tensor | None = None) -> torch.Tensor:
         """The weights the loss of a micro-batch uses: ``weights`` of the detached log-probabilities, detached. A
-        strategy whose weights need the micro-batch's advantages ((B, 1) or (B, T)), or carry gradient, overrides
-        this; ``logps`` are the current policy's, with their graph."""
+        strategy whose weights need the micro-batch's advantages ((B, 1) or (B, T)), its per-token entropies, or
+        carry gradient, overrides this; ``logps`` are the current policy's, with their graph, ``entropies`` (B, T)
+        the detached per-token entropy of the policy being trained (the tensor TRL's loss computes; None where the
+        caller has none). An override without the ``entropies`` keyword still works: it is then not passed."""
         weights = self.weights(logps.detach(), mask)
         return weights.detach() if isinstance(weights, torch.Tensor) else weights  # the trainer checks the rest
 
@@ -184,6 +192,7 @@ class AdvantageStrategy(Strategy):
     needs_hidden_states: ClassVar[bool] = False  # fill GenerationBatch.hidden_states and the unembedding
     needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
     needs_correctness: ClassVar[bool] = False  # fill GenerationBatch.correct (runs the answer checks)
+    needs_entropies: ClassVar[bool] = False  # fill GenerationBatch.entropies (the sampling policy's entropy)
     # A strategy whose output is a per-token factor of the sampling probabilities alone (AR) may be applied inside the
     # loss instead, from the loss's own detached log-probabilities, when training is on-policy (they equal p_old) and
     # it is last in the list: the factor f > 0 commutes with min/clip, so the loss is exactly equal and no

@@ -406,7 +406,8 @@ class ReleasedCovarianceWeights(TokenWeightStrategy):
         raise ValueError("cw_variant=released weights need the micro-batch's advantages; the trainer calls "
                          "`loss_weights`.")
 
-    def loss_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    def loss_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, *,
+                     entropies: torch.Tensor | None = None) -> torch.Tensor:
         return released_covariance_weights(logps if self.gradient else logps.detach(), advantages.detach(), mask)
 
     def bounds(self) -> tuple[float, float]:

@@ -26,7 +26,8 @@ class GenerationRecord:
         inputs: the batch's input rows (prompts and dataset columns), for rollout functions that need per-row data.
         rewards_per_func: (B_global, F) rewards of every reward function, gathered over processes (TRL's layout).
         answer_verdicts: (B_local,) the reward functions' answer checks (`sharpgrpo.strategies.correctness`), or None.
-        captured: the sampling log-probabilities (``logps``) and last hidden states (``hidden``) read from
+        captured: the sampling log-probabilities (``logps``), last hidden states (``hidden``) and entropies
+            (``entropy``) read from
             transformers' decoding steps (`sharpgrpo.training.generation_capture`), when a strategy needs them.
     """
 
@@ -97,7 +98,8 @@ def split_folded(strategies: list[AdvantageStrategy], trl_computes_old_logps: bo
 
 def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord, reward_weights: torch.Tensor, *,
                    old_logps: torch.Tensor | None, hidden_states: torch.Tensor | None, unembedding: tuple,
-                   num_generations: int, temperature: float, needs_correctness: bool) -> GenerationBatch:
+                   num_generations: int, temperature: float, needs_correctness: bool,
+                   entropies: torch.Tensor | None = None) -> GenerationBatch:
     """The whole groups of every process as one ``GenerationBatch`` (rows in global order). Tool results and
     retrieved text (``tool_mask``) are masked out of every strategy statistic; ``correct`` comes from the answer
     checks' verdicts (`sharpgrpo.strategies.correctness`) when a strategy needs it."""
@@ -126,4 +128,5 @@ def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord
         unembedding_bias=unembedding[1],
         temperature=temperature,
         correct=correct,
+        entropies=None if entropies is None else gather(entropies.float()),
     )

@@ -10,7 +10,8 @@ the LM head for the duration of one ``generate`` call and keeps, per step,
 * the input of the LM head at the last position (B, H), when hidden states are wanted;
 * ``log_softmax(logits / T)`` of the *raw* logits (before any logits processor: top-k, top-p, ``min_new_tokens``
   change the sampling distribution, not the policy's) at the token sampled from them (B,), when log-probabilities
-  are wanted. Only one step's (B, V) logits are alive at a time: the sampled token is read from the ``input_ids`` of
+  are wanted;
+* the entropy of ``softmax(logits / T)`` (B,), when entropies are wanted (``sharpgrpo.training.entropy_inputs``). Only one step's (B, V) logits are alive at a time: the sampled token is read from the ``input_ids`` of
   the next step's forward (a pre-hook on the model), and the last step's token from the returned completions.
 
 The values differ from a full forward over prompt + completion by the rounding of KV-cache decoding (attention over
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.training.entropy_inputs import entropy_from_step_logits
+
 
 class GenerationCapture:
     """Context manager: hooks on a causal LM that record, at each decoding step, the LM head's last-position input
@@ -37,15 +40,18 @@ class GenerationCapture:
         temperature: sampling temperature T (log-probabilities of softmax(logits / T), as TRL computes them).
         logps: record log-probabilities.
         hidden: record hidden states.
+        entropy: record the per-step entropy of the temperature-scaled distribution.
     """
 
-    def __init__(self, causal_lm: torch.nn.Module, temperature: float, logps: bool = True, hidden: bool = False):
+    def __init__(self, causal_lm: torch.nn.Module, temperature: float, logps: bool = True, hidden: bool = False,
+                 entropy: bool = False):
         self.causal_lm = causal_lm
         self.head = causal_lm.get_output_embeddings()
         self.temperature = float(temperature)
-        self.want_logps, self.want_hidden = logps, hidden
+        self.want_logps, self.want_hidden, self.want_entropy = logps, hidden, entropy
         self.step_logps: list[torch.Tensor] = []
         self.step_hidden: list[torch.Tensor] = []
+        self.step_entropy: list[torch.Tensor] = []
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (scaled logits (B, V), lse (B,))
         self._handles: list[Any] = []
 
@@ -60,12 +66,16 @@ class GenerationCapture:
             self.step_hidden.append(args[0][:, -1].detach().clone())
 
     def _head_hook(self, module, args, output):
-        if not self.want_logps:
+        if not (self.want_logps or self.want_entropy):
             return
         scaled = output[:, -1].detach().float()
         if self.temperature != 1.0:
             scaled = scaled / self.temperature
-        self._pending = (scaled, torch.logsumexp(scaled, dim=-1))
+        lse = torch.logsumexp(scaled, dim=-1)
+        if self.want_entropy:
+            self.step_entropy.append(entropy_from_step_logits(scaled, lse))
+        if self.want_logps:
+            self._pending = (scaled, lse)
 
     def _resolve(self, tokens: torch.Tensor) -> None:
         scaled, lse = self._pending
@@ -87,8 +97,8 @@ class GenerationCapture:
 
     # result -----------------------------------------------------------------------------------------------------
     def result(self, completion_ids: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Per-row tensors aligned with the completions: ``logps`` (B, S) float32 and/or ``hidden`` (B, S, H), S the
-        number of decoding steps. Row b's entries beyond ``len(completion_ids[b])`` are padding (any value).
+        """Per-row tensors aligned with the completions: ``logps`` (B, S) float32, ``hidden`` (B, S, H) and/or
+        ``entropy`` (B, S) float32, S the number of decoding steps. Row b's entries beyond ``len(completion_ids[b])`` are padding (any value).
 
         Raises ValueError when the hooks did not see one LM head call per generated token (another generation
         backend, or a model whose LM head is not called once per step)."""
@@ -98,7 +108,8 @@ class GenerationCapture:
             last = [c[num_steps - 1] if len(c) == num_steps else 0 for c in completion_ids]
             self._resolve(torch.tensor(last, device=scaled.device))
         out: dict[str, torch.Tensor] = {}
-        for name, steps in (("logps", self.step_logps), ("hidden", self.step_hidden)):
+        for name, steps in (("logps", self.step_logps), ("hidden", self.step_hidden),
+                            ("entropy", self.step_entropy)):
             if not getattr(self, f"want_{name}"):
                 continue
             if len(steps) != num_steps or (steps and steps[0].shape[0] != len(completion_ids)):

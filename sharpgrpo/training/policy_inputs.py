@@ -1,5 +1,6 @@
 """What advantage strategies read from the policy besides TRL's generation batch: the sampling log-probabilities,
-the last hidden states at the positions that predict each completion token, and the LM head (unembedding).
+the last hidden states at the positions that predict each completion token, the sampling entropies and the LM head
+(unembedding).
 
 Each is taken from the cheapest source available, in this order: TRL's own ``old_per_token_logps``; the values
 read from transformers' decoding steps (`sharpgrpo.training.generation_capture`); vLLM's sampling log-probabilities; the
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.training.entropy_inputs import entropies_from_hidden_states
 from sharpgrpo.training.generation_capture import logps_from_hidden_states
 
 
@@ -121,15 +123,23 @@ class Policy:
         return full_unembedding(self.lm, self.zero3, needed)
 
     def strategy_inputs(self, output: dict[str, Any], captured: dict[str, torch.Tensor], needs_hidden_states: bool,
-                        needs_old_logps: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """``(old log-probabilities, last hidden states)`` of the local rows, each None unless needed, from the
-        cheapest source (module docstring)."""
+                        needs_old_logps: bool, needs_entropies: bool = False
+                        ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """``(old log-probabilities, last hidden states, sampling entropies)`` of the local rows, each None unless
+        needed, from the cheapest source (module docstring). Entropies come from the decoding steps when captured,
+        else from the hidden states through the LM head, chunked over rows and vocabulary
+        (``sharpgrpo.training.entropy_inputs``); a backbone forward run for them also serves the log-probabilities."""
         hidden_states = None
-        if needs_hidden_states:
+        entropies = captured.get("entropy") if needs_entropies else None
+        if needs_hidden_states or (needs_entropies and entropies is None):
             hidden_states = captured["hidden"] if "hidden" in captured else completion_hidden_states(
                 self.lm, output, self.rows_per_chunk)
+        if needs_entropies and entropies is None:
+            with self.unembedding() as (weight, bias):
+                entropies = entropies_from_hidden_states(hidden_states, weight, bias, self.temperature,
+                                                         self.rows_per_chunk)
         old_logps = output.get("old_per_token_logps")
         if old_logps is None and needs_old_logps:  # TRL skips them on-policy
             old_logps = strategy_old_logps(output, captured, hidden_states, self.unembedding, self.forward_logps,
                                            self.temperature, self.rows_per_chunk)
-        return old_logps, hidden_states
+        return old_logps, hidden_states if needs_hidden_states else None, entropies

@@ -38,7 +38,7 @@ from helpers import cpu_config, make_trainer  # tests/ is on PYTHONPATH under ac
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer  # noqa: E402
 
 # Strategy metrics compared across process counts (besides loss, grad_norm and reward).
-COMPARED_PREFIXES = ("cw/", "thr/", "nthr/", "token_weight/", "ar/")
+COMPARED_PREFIXES = ("cw/", "thr/", "nthr/", "token_weight/", "ar/", "entropy_shaping/", "gtpo/", "ktae/")
 
 
 class RowSeededTrainer(SharpGRPOTrainer):

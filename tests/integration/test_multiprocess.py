@@ -60,6 +60,8 @@ CASES = {
     "cw_grpo_batch_scope": dict(strategies="cw_grpo", cw_scope="batch"),
     "thr": dict(strategies="thr", thr_beta=0.5),  # a lower threshold: the tiny model's tokens rarely pass beta = 1
     "grpo_sg+nthr": dict(strategies=["grpo_sg", "nthr"]),
+    "entropy_shaping": dict(strategies="entropy_shaping"),  # the sampling entropy, gathered over the ranks
+    "gtpo+ktae": dict(strategies=["gtpo", "ktae"]),
 }
 RESUME = dict(
     generation="trl", strategies="random", per_device_train_batch_size=4, max_steps=4, save_strategy="steps",

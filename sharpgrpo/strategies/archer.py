@@ -1,0 +1,114 @@
+"""Archer: dual-token constraints by entropy (Wang et al. 2025, "Stabilizing Knowledge, Promoting Reasoning:
+Dual-Token Constraints for RLVR", arXiv 2507.15778; authors' code wizard-III/ArcherCodeR; docs/methods.md §11.5).
+
+Per response, the tokens whose entropy (of the policy being trained, detached) exceeds the response's
+``archer_entropy_quantile`` quantile of its token entropies are *high-entropy* (reasoning forks), the others
+*low-entropy* (knowledge). Both sets are updated together, with
+
+* a per-token clip range: the ratio of a low-entropy token is clipped to [1 - eps_low^L, 1 + eps_high^L], of a
+  high-entropy token to [1 - eps_low^H, 1 + eps_high^H] (released: 0.2 / 0.5, wider for the forks);
+* a per-token KL weight on beta * KL: 1 for low-entropy tokens, ``archer_high_entropy_kl_scale`` for high-entropy
+  ones (released: 0, no KL on the forks). With ``archer_kl_mean: split`` (the released code) the KL of each set is
+  averaged over that set's tokens, which per token is a weight N / N_L (resp. scale * N / N_H) on a token mean over
+  the N tokens of the micro-batch.
+
+A loss-side strategy (``TokenLossStrategy``): ``loss_terms`` returns the per-token ``epsilon_low``,
+``epsilon_high`` and ``kl_weight`` of ``LossTerms``; the loss applies them (``sharpgrpo.training.losses``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+
+
+def _float(tensor: torch.Tensor) -> torch.Tensor:
+    """Detached, in float64 when given float64, else float32 (nanquantile needs one of them)."""
+    return tensor.detach().to(torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+
+
+def response_entropy_thresholds(entropies: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The ``quantile`` of each response's masked token entropies (linear interpolation, torch.nanquantile; NaN for a
+    response without tokens). Shapes: entropies (B, T), mask (B, T) -> (B, 1)."""
+    entropies = _float(entropies)
+    masked = torch.where(mask.bool(), entropies, torch.full_like(entropies, float("nan")))
+    return torch.nanquantile(masked, quantile, dim=-1, keepdim=True)
+
+
+def archer_token_terms(entropies: torch.Tensor, mask: torch.Tensor, quantile: float, low_entropy_clip: tuple[float, float],
+                       high_entropy_clip: tuple[float, float], high_entropy_kl_scale: float, kl_mean: str = "split"
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Archer's per-token clip bounds and KL weights (module docstring).
+
+    Shapes: entropies (B, T), mask (B, T) {0, 1} -> (epsilon_low (B, T), epsilon_high (B, T), kl_weight (B, T),
+    high (B, T) bool: the high-entropy completion tokens). Off the mask: the high-entropy bounds (as the released
+    code's ``torch.where``) and KL weight 0."""
+    valid = mask.bool()
+    threshold = response_entropy_thresholds(entropies, mask, quantile)
+    entropies = _float(entropies)
+    high = (entropies > threshold) & valid
+    low = (entropies <= threshold) & valid
+    def pick(low_value: float, high_value: float) -> torch.Tensor:
+        return torch.where(low, torch.full_like(entropies, low_value), torch.full_like(entropies, high_value))
+
+    eps_low, eps_high = pick(low_entropy_clip[0], high_entropy_clip[0]), pick(low_entropy_clip[1], high_entropy_clip[1])
+    low_weight, high_weight = 1.0, float(high_entropy_kl_scale)
+    if kl_mean == "split":
+        total = valid.sum().to(entropies.dtype)
+        low_weight = total / low.sum().clamp_min(1)
+        high_weight = high_weight * total / high.sum().clamp_min(1)
+    zero = torch.zeros_like(entropies)
+    kl_weight = torch.where(low, low_weight + zero, torch.where(high, high_weight + zero, zero))
+    return eps_low, eps_high, kl_weight, high
+
+
+@register_strategy("archer")
+class ArcherStrategy(TokenLossStrategy):
+    """Archer (docs/methods.md §11.5): per-token clip ranges and KL weights by response-level entropy quantile.
+
+    Metrics (device scalars): ``archer/frac_high_entropy`` (high-entropy share of the micro-batch's tokens),
+    ``archer/entropy_threshold`` (mean per-response threshold), ``archer/kl_weight_mean``."""
+
+    params = ("archer_entropy_quantile", "archer_low_entropy_clip_low", "archer_low_entropy_clip_high",
+              "archer_high_entropy_clip_low", "archer_high_entropy_clip_high", "archer_high_entropy_kl_scale",
+              "archer_kl_mean")
+    sets = frozenset({"clip_range"})  # the per-token clip range: no other clip-range strategy beside it
+    paper = StrategyPaper(
+        "Stabilizing Knowledge, Promoting Reasoning: Dual-Token Constraints for RLVR",
+        "Wang et al. 2025, Stabilizing Knowledge, Promoting Reasoning: Dual-Token Constraints for RLVR.",
+        "2507.15778",
+    )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        if args.beta == 0.0:
+            warnings.warn(
+                "archer with beta=0: no KL term, so only the clip ranges differ by entropy; the released recipe "
+                "(ArcherCodeR run_archer_qwen2.5_1.5b_code.sh) uses a KL loss with beta=0.001 on low-entropy tokens.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+        if context.entropies is None:
+            raise ValueError("archer needs the per-token entropies of the policy being trained (LossContext.entropies).")
+        args: Any = self.args
+        eps_low, eps_high, kl_weight, high = archer_token_terms(
+            context.entropies, context.mask, args.archer_entropy_quantile,
+            (args.archer_low_entropy_clip_low, args.archer_low_entropy_clip_high),
+            (args.archer_high_entropy_clip_low, args.archer_high_entropy_clip_high),
+            args.archer_high_entropy_kl_scale, args.archer_kl_mean,
+        )
+        mask = context.mask.to(eps_low.dtype)
+        count = mask.sum().clamp_min(1)
+        threshold = response_entropy_thresholds(context.entropies, context.mask, args.archer_entropy_quantile)
+        metrics = {
+            "archer/frac_high_entropy": (high.to(mask.dtype) * mask).sum() / count,
+            "archer/entropy_threshold": torch.nan_to_num(threshold).mean(),
+            "archer/kl_weight_mean": (kl_weight * mask).sum() / count,
+        }
+        return LossTerms(epsilon_low=eps_low, epsilon_high=eps_high, kl_weight=kl_weight), metrics
