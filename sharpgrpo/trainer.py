@@ -55,6 +55,12 @@ from sharpgrpo.training.losses import (
 from sharpgrpo.training.model_card import strategy_card_section, trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.training.telemetry import (
+    attach_generation,
+    replace_logged_advantages,
+    sequence_means,
+    telemetry_recorder,
+)
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 
@@ -96,6 +102,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_mode == "colocate":
             seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)
+        self._telemetry = telemetry_recorder(self) if args.token_telemetry else None  # `sharpgrpo.training.telemetry`
 
     @property
     def _rollout_inputs(self) -> list[dict[str, Any]] | None:
@@ -138,8 +145,16 @@ class SharpGRPOTrainer(GRPOTrainer):
         output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
                             self._generation_count)
         self._generation_count += 1
+        trl_advantages = output["advantages"]
         if self._generation_strategies():
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
+            # The completion tables show the advantage trained on, TRL's in `trl_advantage`
+            replace_logged_advantages(self._logs, *self._generation.logged_advantages)
+        if self._telemetry is not None and mode == "train":  # per-token telemetry: the rows' generation-time values
+            self._telemetry.remember_prompts(inputs, self.accelerator.process_index)
+            output = attach_generation(output, process_index=self.accelerator.process_index,
+                                       rewards_per_func=self._generation.rewards_per_func,
+                                       trl_advantages=trl_advantages, stages=self._generation.stages)
         return output
 
     def _trl_computes_old_logps(self) -> bool:
@@ -211,9 +226,12 @@ class SharpGRPOTrainer(GRPOTrainer):
                 dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "thr_scores"),
                                self._generation_count, self.state.global_step, batch,
                                decode=self.processing_class.decode)
+            stages = []
             token_advantages = run_advantage_strategies(strategies, batch, self._strategy_output_checker,
-                                                        self._metrics[mode], dump)
+                                                        self._metrics[mode], dump, stages)
         start = self.accelerator.process_index * local_rows
+        record.logged_advantages = (sequence_means(token_advantages, batch.completion_mask), batch.advantages[:, 0])
+        record.stages = [stage[start : start + local_rows, :local_length] for stage in stages]
         return token_advantages[start : start + local_rows, :local_length].contiguous()
 
     # ------------------------------------------------------------------------------------------------------------
@@ -307,6 +325,17 @@ class SharpGRPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
+        if self._telemetry is not None and mode == "train":  # the very tensors above, detached (on telemetry steps)
+            vllm_is = self.use_vllm and self.vllm_importance_sampling_correction
+            self._telemetry.capture(self.state.global_step + 1, inputs, dict(
+                loss_type=self.loss_type, accumulation=accumulation, window_tokens=window_tokens, mask=mask,
+                old_logp=old_per_token_logps, sampling_logp=inputs.get("sampling_per_token_logps"),
+                logp=per_token_logps, ratio=coef_1, surrogate_ratio=surrogate_ratio, entropy=entropies,
+                entropy_mask=entropy_mask, weight=weights, advantage=advantages, token_loss=per_token_loss,
+                off_policy_mask=off_policy_mask if self.off_policy_mask_threshold is not None else None,
+                is_weight=inputs["importance_sampling_ratio"] if vllm_is else None,
+                kl=per_token_kl if self.beta != 0.0 else None,
+            ))
         metrics, accelerator = self._metrics[mode], self.accelerator
         log_loss_metrics(accelerator, metrics, self.loss_type, self.epsilon_low, self.epsilon_high, mask, entropies,
                          coef_1, advantages, per_token_kl if self.beta else None, phi_seq)
