@@ -14,6 +14,8 @@ pipeline (`sharpgrpo.training.advantage_pipeline`), checkpoint state (`sharpgrpo
   placed in the ratio or the loss and in the KL term (docs/methods.md §1), keeping TRL's entropy mask, off-policy
   mask, vLLM importance-sampling ratio, entropy bonus and metric names. With ``equal`` it equals the parent's loss
   and gradients (tests/integration/test_parity.py). ``compute_loss`` (transformers) runs the sharpness probe first.
+* With ``token_telemetry``, both hooks hand their tensors, detached, to the telemetry recorder
+  (`sharpgrpo.training.telemetry`), which writes them per token on telemetry steps.
 * ``train``, ``_get_grad_norm``, ``_save_rng_state``, ``_load_rng_state`` (transformers) and ``create_model_card``
   (TRL): resume checks, the non-finite-gradient stop, strategy state in checkpoints, the strategies on the card.
 """
@@ -55,13 +57,13 @@ from sharpgrpo.training.losses import (
 from sharpgrpo.training.model_card import strategy_card_section, trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.telemetry import (
     attach_generation,
     replace_logged_advantages,
     sequence_means,
     telemetry_recorder,
 )
-from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 
 # Model inputs besides ids and mask that TRL's forward passes on (multimodal models).
@@ -327,7 +329,8 @@ class SharpGRPOTrainer(GRPOTrainer):
 
         if self._telemetry is not None and mode == "train":  # the very tensors above, detached (on telemetry steps)
             vllm_is = self.use_vllm and self.vllm_importance_sampling_correction
-            self._telemetry.capture(self.state.global_step + 1, inputs, dict(
+            self._telemetry.capture(
+                self.state.global_step + 1, inputs,
                 loss_type=self.loss_type, accumulation=accumulation, window_tokens=window_tokens, mask=mask,
                 old_logp=old_per_token_logps, sampling_logp=inputs.get("sampling_per_token_logps"),
                 logp=per_token_logps, ratio=coef_1, surrogate_ratio=surrogate_ratio, entropy=entropies,
@@ -335,7 +338,7 @@ class SharpGRPOTrainer(GRPOTrainer):
                 off_policy_mask=off_policy_mask if self.off_policy_mask_threshold is not None else None,
                 is_weight=inputs["importance_sampling_ratio"] if vllm_is else None,
                 kl=per_token_kl if self.beta != 0.0 else None,
-            ))
+            )
         metrics, accelerator = self._metrics[mode], self.accelerator
         log_loss_metrics(accelerator, metrics, self.loss_type, self.epsilon_low, self.epsilon_high, mask, entropies,
                          coef_1, advantages, per_token_kl if self.beta else None, phi_seq)

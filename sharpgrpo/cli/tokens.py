@@ -24,7 +24,6 @@ from sharpgrpo.diagnostics.tokens import (
     read_logged_rows,
     read_prompts,
     run_settings,
-    saved_training_args,
     tokens_markdown,
 )
 

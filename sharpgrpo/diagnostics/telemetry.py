@@ -142,8 +142,8 @@ def summary(frame) -> dict[str, Any]:
     n = max(len(kept), 1)
     return {
         "completions": int(frame["row"].nunique()),
-        "tokens": int(len(frame)),
-        "loss_tokens": int(len(kept)),
+        "tokens": len(frame),
+        "loss_tokens": len(kept),
         "clip_low": float(kept["clip_low"].sum() / n),
         "clip_high": float(kept["clip_high"].sum() / n),
         "mean_weight": float(kept["weight"].mean()) if len(kept) else math.nan,

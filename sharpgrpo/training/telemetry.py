@@ -171,7 +171,7 @@ class TelemetryRecorder:
         self.prompts = {start + i: _prompt_text(row.get("prompt")) for i, row in enumerate(inputs)}
 
     # --- loss ----------------------------------------------------------------------------------------------------
-    def capture(self, step: int, inputs: dict[str, Any], tensors: dict[str, Any]) -> None:
+    def capture(self, step: int, inputs: dict[str, Any], **tensors) -> None:
         """Keep one micro-batch's loss tensors (detached, on the CPU) when ``step`` is a telemetry step.
 
         ``tensors``: ``mask``, ``old_logp``, ``logp``, ``ratio``, ``surrogate_ratio``, ``advantage``, ``token_loss``
