@@ -67,9 +67,10 @@ COLUMNS: dict[str, str] = {
     "advantage": "the token advantage A[i,t] the loss used",
     "kl": "the per-token KL term as it entered the loss before beta (weighted per kl_weighting; null at beta=0)",
     "token_loss": "per-token loss before aggregation (surrogate, masks, IS weight, plus beta * kl)",
-    "loss_share": "the aggregation's factor: the micro-batch's loss is sum(token_loss * loss_share)",
-    "loss_contribution": "token_loss * loss_share: the token's share of the step's loss (entropy bonus and aux "
-    "loss excluded)",
+    "loss_share": "the aggregation's factor over the number of processes: a micro-batch's loss on its process is "
+    "num_processes * sum(token_loss * loss_share)",
+    "loss_contribution": "token_loss * loss_share: the token's share of the step's logged loss (the mean over "
+    "processes; entropy bonus and aux loss excluded)",
     "reward": "the completion's total (weighted) reward",
 }
 PATTERN_COLUMNS = {
@@ -198,6 +199,7 @@ class TelemetryRecorder:
         shares = token_loss_shares(mask, tensors["loss_type"], accumulation_steps=tensors["accumulation"],
                                    window_tokens=tensors.get("window_tokens"),
                                    max_completion_length=self.args.max_completion_length)
+        shares = shares / self.accelerator.num_processes  # the logged loss is the mean of the processes' losses
         token_loss = tensors["token_loss"]
         rows = inputs["telemetry_row"].cpu().numpy()
         chunk = {
