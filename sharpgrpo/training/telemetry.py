@@ -300,7 +300,8 @@ class TelemetryRecorder:
         partial = path.with_suffix(".parquet.partial")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, partial, compression="zstd")
+            with open(partial, "wb") as file:  # closed on a failed write too
+                pq.write_table(table, file, compression="zstd")
             os.replace(partial, path)  # a file under its final name is complete
         except OSError as error:
             partial.unlink(missing_ok=True)

@@ -149,3 +149,32 @@ def test_unwritable_telemetry_folder_stops_before_training(tmp_path, tiny_model_
         trainer.train()
     assert "\n" not in str(error.value)
     assert trainer.state.global_step == 0
+
+
+def test_full_disk_stops_at_the_telemetry_step_keeping_the_last_checkpoint(tmp_path, tiny_model_path):
+    """A real full disk: an 8 KiB tmpfs mounted as the telemetry folder (root only; skipped elsewhere). The probe
+    before training fits, the first telemetry file (about 20 KB) does not: the run stops at that step with one line,
+    the checkpoint of the step before is complete and no partial file is left."""
+    import subprocess
+
+    from sharpgrpo.run.lifecycle import COMPLETE_MARKER
+
+    folder = tmp_path / "telemetry"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(folder)], capture_output=True,
+                             check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        args = tiny_config(tmp_path, strategies=["grpo_sg"], max_steps=3, token_telemetry=True, telemetry_steps=2,
+                           save_strategy="steps", save_steps=1, per_device_train_batch_size=8, num_generations=4)
+        trainer = make_trainer(tiny_model_path, args)
+        with pytest.raises(TelemetryError, match=r"^token_telemetry: writing .*telemetry_000002\.parquet failed at "
+                                                 r"step 2 \(.*No space left on device") as error:
+            trainer.train()
+        assert "\n" not in str(error.value)
+        assert (tmp_path / "checkpoint-1" / COMPLETE_MARKER).exists()
+        assert list(folder.iterdir()) == []
+    finally:
+        unmounted = subprocess.run(["umount", str(folder)], capture_output=True, check=False)
+    assert unmounted.returncode == 0, unmounted.stderr  # nothing left open on the full disk
