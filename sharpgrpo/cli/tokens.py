@@ -141,6 +141,7 @@ def _telemetry_main(args) -> dict[str, Any]:
         select_tokens,
         summary,
         telemetry_files,
+        token_ranking,
         write_telemetry_page,
     )
 
@@ -175,6 +176,9 @@ def _telemetry_main(args) -> dict[str, Any]:
         "summary": {label: summary(f) for label, f, _ in runs},
         "shown": {label: summary(f) for label, f, _ in selected},
     }
+    ranking, overall = token_ranking(frame, args.top, args.min_count)  # GRPO-SG App. C.3's table, as trained
+    (output / "tokens.md").write_text(tokens_markdown(ranking, " x ".join(meta["strategies"]), overall))
+    result.update(ranking, overall=overall)
     (output / "tokens.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"[sharpgrpo] {page} ({column}), {figure}: step {step} of {file}")
     return result

@@ -153,6 +153,30 @@ def summary(frame) -> dict[str, Any]:
     }
 
 
+def token_ranking(frame, top: int = 100, min_count: int = 5) -> tuple[dict[str, list[dict]], dict[str, float]]:
+    """GRPO-SG App. C.3's table from the telemetry: the ``top`` highest- and lowest-mean-probability tokens among
+    those seen at least ``min_count`` times in the loss, each with its mean weight as trained (the entries of
+    ``sharpgrpo.diagnostics.tokens.rank_tokens``, whose ``tokens_markdown`` prints them), and the overall means."""
+    from sharpgrpo.diagnostics.tokens import display_token
+
+    kept = frame[frame["mask"] == 1]
+    stats = kept.groupby("token_id").agg(count=("p", "size"), mean_prob=("p", "mean"), mean_weight=("weight", "mean"),
+                                         token=("token", "first"))
+    stats = stats[stats["count"] >= max(1, min_count)].reset_index()
+    n_high = min(top, math.ceil(len(stats) / 2))
+    n_low = min(top, len(stats) - n_high)
+    high = stats.sort_values(["mean_prob", "count", "token_id"], ascending=[False, False, True]).head(n_high)
+    low = stats.sort_values(["mean_prob", "count", "token_id"], ascending=[True, False, True]).head(n_low)
+
+    def entries(table):
+        return [{"token_id": int(r.token_id), "token": display_token(r.token), "count": int(r.count),
+                 "mean_prob": float(r.mean_prob), "mean_weight": float(r.mean_weight)} for r in table.itertuples()]
+
+    overall = {"tokens": len(kept), "mean_prob": float(kept["p"].mean()) if len(kept) else math.nan,
+               "mean_weight": float(kept["weight"].mean()) if len(kept) else math.nan}
+    return {"high": entries(high), "low": entries(low)}, overall
+
+
 def column_kind(column: str) -> str:
     """How a column is shaded: ``factor``, ``around_one`` (w-like), ``signed`` (diverging at 0) or ``level``."""
     if column == "factor":

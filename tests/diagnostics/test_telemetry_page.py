@@ -113,6 +113,14 @@ def test_a_registered_strategy_shows_up_on_the_page(runs, tmp_path):
     page = (tmp_path / "tokens.html").read_text()
     assert "<script" not in page and "http" not in page
     assert (tmp_path / "telemetry.png").read_bytes()[:4] == b"\x89PNG"
+    # GRPO-SG App. C.3's table, from the weights as trained
+    kept = frame[frame["mask"] == 1]
+    assert result["high"] and result["overall"]["tokens"] == len(kept)
+    for entry in result["high"] + result["low"]:
+        tokens = kept[kept["token_id"] == entry["token_id"]]
+        assert entry["count"] == len(tokens) >= 5
+        assert entry["mean_weight"] == pytest.approx(float(tokens["weight"].astype("float64").mean()))
+    assert (tmp_path / "tokens.md").read_text().startswith(f"Token analysis under `grpo_sg x {EVEN_BOOST}`")
 
 
 def test_group_pick_and_clipped_filter(runs, tmp_path):
