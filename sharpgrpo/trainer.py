@@ -60,6 +60,7 @@ from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completio
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.telemetry import (
     attach_generation,
+    replace_folded_advantages,
     replace_logged_advantages,
     sequence_means,
     telemetry_recorder,
@@ -150,8 +151,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         trl_advantages = output["advantages"]
         if self._generation_strategies():
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
-            # The completion tables show the advantage trained on, TRL's in `trl_advantage`
-            replace_logged_advantages(self._logs, *self._generation.logged_advantages)
+        if self.advantage_strategies:  # the completion tables show the advantage trained on, TRL's as trl_advantage
+            replace_logged_advantages(self._logs, *(self._generation.logged_advantages or (None, None)),
+                                      size=len(inputs) * self.accelerator.num_processes)
         if self._telemetry is not None and mode == "train":  # per-token telemetry: the rows' generation-time values
             self._telemetry.remember_prompts(inputs, self.accelerator.process_index)
             output = attach_generation(output, process_index=self.accelerator.process_index,
@@ -269,6 +271,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         if folded is not None:  # e.g. AR-Lopti: p_old = the loss's own detached probabilities (on-policy)
             loss_factor = folded.loss_factor(per_token_logps.detach())
             advantages = loss_factor * advantages
+            if self.model.training:  # the completion tables show it (`sharpgrpo.training.telemetry`)
+                replace_folded_advantages(self._logs, self.accelerator, inputs, advantages, mask,
+                                          self.args.generation_batch_size, self.num_generations)
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         if self.off_policy_mask_threshold is not None:

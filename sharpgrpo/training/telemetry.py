@@ -365,17 +365,40 @@ def _global_order(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: values[order] for name, values in columns.items()}
 
 
-def replace_logged_advantages(logs: dict[str, Any], trained: torch.Tensor, trl: torch.Tensor) -> None:
+def replace_logged_advantages(logs: dict[str, Any], trained: torch.Tensor | None, trl: torch.Tensor | None,
+                               size: int) -> None:
     """Make TRL's completion log (``trainer._logs``, read by ``log_completions`` and the saved completions) show the
-    advantage trained on: the last B entries of ``advantages`` become ``trained`` (B,) (each completion's mean token
-    advantage, all processes, global order) and TRL's sequence advantage ``trl`` (B,) goes to the extra column
-    ``trl_advantage``."""
-    values = trained.detach().float().cpu().tolist()
+    advantage trained on: the last ``size`` entries of ``advantages`` (the generation batch, global order) become
+    ``trained`` (B,), each completion's mean token advantage; TRL's sequence advantage ``trl`` (B,) goes to the extra
+    column ``trl_advantage``. ``trained=None`` keeps TRL's values (a strategy folded into the loss replaces them
+    there: ``replace_folded_advantages``)."""
     logged = logs["advantages"]
-    for _ in range(min(len(values), len(logged))):
-        logged.pop()
-    logged.extend(values)
-    logs["extra"]["trl_advantage"].extend(trl.detach().float().cpu().tolist())
+    if trl is None:
+        trl_values = list(logged)[-size:]
+    else:
+        trl_values = trl.detach().float().cpu().tolist()
+    if trained is not None:
+        for _ in range(min(size, len(logged))):
+            logged.pop()
+        logged.extend(trained.detach().float().cpu().tolist())
+    logs["extra"]["trl_advantage"].extend(trl_values)
+
+
+def replace_folded_advantages(logs: dict[str, Any], accelerator, inputs: dict[str, Any], advantages: torch.Tensor,
+                              mask: torch.Tensor, generation_batch_size: int, num_generations: int) -> None:
+    """For a strategy folded into the loss (AR on-policy): the micro-batch's rows of the completion log get their
+    mean token advantage as the loss used it. Rows are found by their group tags (``tag_groups``): global row =
+    (group id mod groups per batch) x G + index in the group. Gathers over processes (every process calls it)."""
+    means = sequence_means(advantages.detach().float(), mask)
+    rows = (inputs["group_ids"] % (generation_batch_size // num_generations)) * num_generations + inputs["group_index"]
+    if accelerator.num_processes > 1:
+        means, rows = accelerator.gather(means.contiguous()), accelerator.gather(rows.contiguous())
+    logged = logs["advantages"]
+    offset = len(logged) - generation_batch_size
+    if offset < 0:
+        return
+    for row, mean in zip(rows.tolist(), means.tolist(), strict=True):
+        logged[offset + row] = mean
 
 
 def telemetry_recorder(trainer) -> TelemetryRecorder:

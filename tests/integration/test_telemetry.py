@@ -122,10 +122,13 @@ def test_exported_columns_are_the_loss_tensors(tmp_path, tiny_model_path, strate
             assert (frame["advantage_trl"] == frame["advantage"]).all()
 
 
-def test_completion_tables_show_the_trained_advantage(tmp_path, tiny_model_path):
+@pytest.mark.parametrize("strategy", ["cw_grpo", "ar"])
+def test_completion_tables_show_the_trained_advantage(tmp_path, tiny_model_path, strategy):
     """Item 2 of issue 33: with an advantage strategy, TRL's completion log (``log_completions``, the saved
-    completions) shows each completion's mean token advantage as trained, TRL's value as ``trl_advantage``."""
-    trainer = train(tmp_path, tiny_model_path, ["cw_grpo"])
+    completions) shows each completion's mean token advantage as trained, TRL's value as ``trl_advantage``; for
+    ``ar`` (on-policy: folded into the loss) the value the loss used."""
+    trainer = train(tmp_path, tiny_model_path, [strategy])
+    assert (trainer._folded_strategy() is not None) == (strategy == "ar")
     frame = pq.read_table(tmp_path / "telemetry" / "telemetry_000002.parquet").to_pandas()
     kept = frame[frame["mask"] == 1]
     trained = kept.groupby("row")["advantage"].mean().to_numpy()
@@ -133,7 +136,8 @@ def test_completion_tables_show_the_trained_advantage(tmp_path, tiny_model_path)
     logged = np.array(trainer._logs["advantages"], dtype=np.float64)
     assert np.allclose(logged, trained, rtol=1e-5, atol=1e-6)
     assert np.array_equal(np.array(trainer._logs["extra"]["trl_advantage"], dtype=np.float32), trl)
-    assert not np.allclose(logged, trl)  # CW-GRPO's token weights really change the logged value
+    assert not np.allclose(logged, trl)  # the strategy's token advantages really change the logged value
+    assert (frame[f"advantage/{strategy}"] == frame["advantage"]).all()
 
 
 def test_telemetry_steps_interval(tmp_path, tiny_model_path):
