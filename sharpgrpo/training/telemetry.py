@@ -83,6 +83,13 @@ REQUIRED = ("step", "row", "prompt_index", "completion_index", "group_id", "posi
             "logp", "ratio", "weight", "advantage", "token_loss", "loss_contribution")
 
 
+# The keyword tensors ``TelemetryRecorder.capture`` maps to the columns above; any other (B, T) or (B, 1) tensor it is
+# given becomes a column of its own name.
+CAPTURED = ("loss_type", "accumulation", "window_tokens", "mask", "old_logp", "sampling_logp", "logp", "ratio",
+            "surrogate_ratio", "entropy", "entropy_mask", "weight", "advantage", "token_loss", "off_policy_mask",
+            "is_weight", "kl")
+
+
 class TelemetryError(RuntimeError):
     """The telemetry folder cannot be written (permissions, full disk): one line naming it and the config field."""
 
@@ -163,7 +170,7 @@ class TelemetryRecorder:
         self.prompts: dict[int, str] = {}  # this process's rows of the current generation batch: global row -> prompt
         self.chunks: list[dict[str, np.ndarray]] = []
         self._pieces: dict[int, str] = {}
-        self._micro_batch = 0
+        self._micro_batch, self._step = 0, None
 
     # --- generation ----------------------------------------------------------------------------------------------
     def remember_prompts(self, inputs: Sequence[dict[str, Any]], process_index: int) -> None:
@@ -181,8 +188,8 @@ class TelemetryRecorder:
         ``window_tokens``, ``loss_type``. ``inputs`` carries the rows' ``telemetry_*`` tensors and ids."""
         if not is_telemetry_step(step, self.args) or "telemetry_row" not in inputs:
             return
-        if self.chunks and int(self.chunks[-1]["step"][0]) != step:
-            self.chunks, self._micro_batch = [], 0
+        if self._step != step:  # a new telemetry step: what an earlier step left (it wrote its file) goes
+            self.chunks, self._micro_batch, self._step = [], 0, step
         mask = tensors["mask"]
         shape = tuple(mask.shape)
         keep = inputs["completion_mask"].detach().bool().cpu().numpy()  # real completion tokens, no padding
@@ -245,6 +252,9 @@ class TelemetryRecorder:
                 chunk[f"reward/{name}"] = values[:, f]
             weights = np.asarray(self.args.reward_weights or [1.0] * len(self.reward_names), dtype=np.float64)
             chunk["reward"] = np.nansum(values * weights, axis=1).astype(np.float32)
+        for name, value in tensors.items():  # any other per-token tensor handed in (e.g. a loss-side strategy's)
+            if name not in CAPTURED and torch.is_tensor(value) and value.dim() == 2:
+                chunk[name] = column(value)
         chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
         self.chunks.append(chunk)
         self._micro_batch += 1
@@ -269,8 +279,8 @@ class TelemetryRecorder:
         """Gather this step's rows from every process and write them (main process). Returns the file written."""
         if not is_telemetry_step(step, self.args):
             return None
-        local = [c for c in self.chunks if int(c["step"][0]) == step]
-        self.chunks, self._micro_batch = [], 0
+        local = self.chunks if self._step == step else []
+        self.chunks, self._micro_batch, self._step = [], 0, None
         merged = _concatenate(local)
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
