@@ -140,6 +140,7 @@ def test_completion_tables_show_the_trained_advantage(tmp_path, tiny_model_path,
     assert (frame[f"advantage/{strategy}"] == frame["advantage"]).all()
 
 
+@pytest.mark.slow  # a third training run of the same kind
 def test_telemetry_steps_interval(tmp_path, tiny_model_path):
     train(tmp_path, tiny_model_path, ["grpo_sg"], telemetry_steps=2)
     assert sorted(p.name for p in (tmp_path / "telemetry").iterdir()) == ["telemetry_000002.parquet"]
