@@ -2,7 +2,8 @@
 
 Two ``SharpGRPOTrainer`` with identical settings on their own copies of the same model, one with
 ``token_telemetry: false``, one with ``token_telemetry: true, telemetry_steps: N`` (a third, ``off#2``, identical to
-``off``, is the A/A control). Their real training loops are timed in the interleaved schedule of
+``off``, is the A/A control;
+``--no_control`` leaves it out). Their real training loops are timed in the interleaved schedule of
 ``benchmarks/step_bench.py`` (phase ``step``: each trainer's ``train()`` in a worker thread, parked between steps,
 one trainer running at a time, the order rotated every round; from ``on_step_begin`` to ``on_step_end``, which
 includes the telemetry file's gathering and writing: its callback runs before the timer's). A step of ``on`` that
@@ -59,7 +60,8 @@ def build(args, model_path: Path, root: Path) -> dict:
     dataset = demo_dataset(max(512, 4 * prompts), seed=args.seed)
     reward = step_bench.make_binary_reward(args.reward_threshold)
     trainers = {}
-    for index, (name, telemetry) in enumerate((("off", False), ("on", True), ("off#2", False))):
+    setups = (("off", False), ("on", True), *((("off#2", False),) if args.control else ()))
+    for index, (name, telemetry) in enumerate(setups):
         kwargs = step_bench.config_kwargs(args, root / f"trainer{index}", max_steps)
         config = SharpGRPOConfig(**kwargs, strategies=[args.strategy], token_telemetry=telemetry,
                                  telemetry_steps=args.telemetry_steps)
@@ -123,7 +125,7 @@ def main(argv=None):
     print("| trainer | mean step | ratio of means to off | 95% CI (blocks of N rounds) |")
     print("|---|---|---|---|")
     off = series["off"]
-    for name in ("off", "on", "off#2"):
+    for name in series:
         mean = statistics.fmean(series[name])
         if name == "off":
             print(f"| off | {mean * 1e3:.1f} ms | 1 | |")
