@@ -57,6 +57,8 @@ def test_token_loss_shares_add_up_to_the_aggregated_loss(loss_type, seed):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo", "sapo"])
 def test_clip_flags_follow_trls_definitions(loss_type):
+    """trl==1.16.0 (PyPI), ``trl/trainer/grpo_trainer.py`` lines 3274-3275 (``is_low_clipped``, ``is_high_clipped``
+    of the PPO-clip loss types) and 3285 (``is_cispo_clipped``)."""
     generator = torch.Generator().manual_seed(3)
     ratio = 1 + 0.5 * torch.randn(5, 7, generator=generator)
     advantages = torch.randn(5, 1, generator=generator)

@@ -126,7 +126,10 @@ def test_exported_columns_are_the_loss_tensors(tmp_path, tiny_model_path, strate
 def test_completion_tables_show_the_trained_advantage(tmp_path, tiny_model_path, strategy):
     """Item 2 of issue 33: with an advantage strategy, TRL's completion log (``log_completions``, the saved
     completions) shows each completion's mean token advantage as trained, TRL's value as ``trl_advantage``; for
-    ``ar`` (on-policy: folded into the loss) the value the loss used."""
+    ``ar`` (on-policy: folded into the loss) the value the loss used. Upstream (trl==1.16.0 from PyPI,
+    ``trl/trainer/grpo_trainer.py``): ``_generate_and_score_completions`` extends ``self._logs["advantages"]`` with
+    its own group-normalised advantages (lines 2833-2837), before our strategies replace them, and ``log`` writes
+    ``_logs`` as the completions table, ``extra`` columns included (lines 3340-3348)."""
     trainer = train(tmp_path, tiny_model_path, [strategy])
     assert (trainer._folded_strategy() is not None) == (strategy == "ar")
     frame = pq.read_table(tmp_path / "telemetry" / "telemetry_000002.parquet").to_pandas()
