@@ -313,6 +313,7 @@ def _legend(column: str, values: np.ndarray, colour) -> str:
     kind = column_kind(column)
     marks = sorted({float(finite.min()), float(np.median(finite)), float(finite.max())}
                    | ({1.0} if kind in ("around_one", "factor") else set()) | ({0.0} if kind == "signed" else set()))
+    marks = list({f"{v:.3g}": v for v in marks}.values())  # one swatch per shown value
     legend = "".join(f'<span style="background:{colour(np.float64(v))}">{html.escape(column)}={v:.3g}</span>'
                      for v in marks)
     if kind == "factor":
