@@ -184,8 +184,9 @@ class TelemetryRecorder:
 
         ``tensors``: ``mask``, ``old_logp``, ``logp``, ``ratio``, ``surrogate_ratio``, ``advantage``, ``token_loss``
         (B, T) or (B, 1); optional ``sampling_logp``, ``entropy``, ``entropy_mask``, ``off_policy_mask``,
-        ``is_weight``, ``weight``, ``kl``, ``folded`` (the folded strategy's advantage); scalars ``accumulation``,
-        ``window_tokens``, ``loss_type``. ``inputs`` carries the rows' ``telemetry_*`` tensors and ids."""
+        ``is_weight``, ``weight``, ``kl`` (None: not used by this loss); scalars ``accumulation``, ``window_tokens``,
+        ``loss_type``; any other (B, T) or (B, 1) tensor becomes a column of its own name. ``inputs`` carries the
+        rows' ``telemetry_*`` tensors and ids."""
         if not is_telemetry_step(step, self.args) or "telemetry_row" not in inputs:
             return
         if self._step != step:  # a new telemetry step: what an earlier step left (it wrote its file) goes
