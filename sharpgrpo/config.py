@@ -85,6 +85,17 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         integer(0),
     )
     sharpness_rho: float = param(0.05, "Radius of the sharpness probe's ascent step.", positive())
+    token_telemetry: bool = param(
+        False,
+        "Write every completion token's loss inputs (log-p, ratio, clip flags, weights, token advantage after each "
+        "strategy, KL, its share of the loss) to `output_dir/telemetry/telemetry_<step>.parquet` every "
+        "`telemetry_steps`; read by `sharpgrpo tokens --telemetry`. README 'Token telemetry'.",
+        one_of(False, True),
+    )
+    telemetry_steps: int = param(
+        0, "Steps between telemetry files (with `token_telemetry`); 0: the logging interval (`logging_steps`).",
+        integer(0),
+    )
 
     def __post_init__(self):
         # Every value first: TRL's own __post_init__ divides by some of them (num_generations, batch sizes).

@@ -15,6 +15,8 @@ pipeline (`sharpgrpo.training.advantage_pipeline`), checkpoint state (`sharpgrpo
   mask, vLLM importance-sampling ratio, entropy bonus and metric names; the loss strategies' terms (masks, extra
   terms, per-token clip range and KL factor, a sequence objective) are folded in by `sharpgrpo.training.loss_terms`.
   With ``equal`` it equals the parent's loss and gradients (tests/integration/test_parity.py). ``compute_loss`` (transformers) runs the sharpness probe first.
+* With ``token_telemetry``, both hooks hand their tensors, detached, to the telemetry recorder
+  (`sharpgrpo.training.telemetry`), which writes them per token on telemetry steps.
 * ``train``, ``_get_grad_norm``, ``_save_rng_state``, ``_load_rng_state`` (transformers) and ``create_model_card``
   (TRL): resume checks, the non-finite-gradient stop, strategy state in checkpoints, the strategies on the card.
 """
@@ -49,6 +51,7 @@ from sharpgrpo.training.loss_terms import (
     clip_range,
     collect_loss_terms,
     log_loss_strategy_metrics,
+    per_token_terms,
     sequence_objective_loss,
     weighted_kl,
 )
@@ -67,6 +70,13 @@ from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completio
 from sharpgrpo.training.score_dump import dump_token_scores
 from sharpgrpo.training.sharpness import SharpnessProbe
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
+from sharpgrpo.training.telemetry import (
+    attach_generation,
+    replace_folded_advantages,
+    replace_logged_advantages,
+    sequence_means,
+    telemetry_recorder,
+)
 from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 
 # Model inputs besides ids and mask that TRL's forward passes on (multimodal models).
@@ -109,6 +119,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_mode == "colocate":
             seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)
+        self._telemetry = telemetry_recorder(self) if args.token_telemetry else None  # `sharpgrpo.training.telemetry`
 
     @property
     def _rollout_inputs(self) -> list[dict[str, Any]] | None:
@@ -151,8 +162,17 @@ class SharpGRPOTrainer(GRPOTrainer):
         output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
                             self._generation_count)
         self._generation_count += 1
+        trl_advantages = output["advantages"]
         if self._generation_strategies():
             output["advantages"] = self._apply_advantage_strategies(output, num_generations, mode)
+        if self.advantage_strategies:  # the completion tables show the advantage trained on, TRL's as trl_advantage
+            replace_logged_advantages(self._logs, *(self._generation.logged_advantages or (None, None)),
+                                      size=len(inputs) * self.accelerator.num_processes)
+        if self._telemetry is not None and mode == "train":  # per-token telemetry: the rows' generation-time values
+            self._telemetry.remember_prompts(inputs, self.accelerator.process_index)
+            output = attach_generation(output, process_index=self.accelerator.process_index,
+                                       rewards_per_func=self._generation.rewards_per_func,
+                                       trl_advantages=trl_advantages, stages=self._generation.stages)
         return output
 
     def _trl_computes_old_logps(self) -> bool:
@@ -227,9 +247,12 @@ class SharpGRPOTrainer(GRPOTrainer):
                 dump = partial(dump_token_scores, os.path.join(self.args.output_dir, "token_scores"),
                                self._generation_count, self.state.global_step, batch,
                                decode=self.processing_class.decode)
+            stages = []
             token_advantages = run_advantage_strategies(strategies, batch, self._strategy_output_checker,
-                                                        self._metrics[mode], dump)
+                                                        self._metrics[mode], dump, stages)
         start = self.accelerator.process_index * local_rows
+        record.logged_advantages = (sequence_means(token_advantages, batch.completion_mask), batch.advantages[:, 0])
+        record.stages = [stage[start : start + local_rows, :local_length] for stage in stages]
         return token_advantages[start : start + local_rows, :local_length].contiguous()
 
     # ------------------------------------------------------------------------------------------------------------
@@ -265,6 +288,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         if folded is not None:  # e.g. AR-Lopti: p_old = the loss's own detached probabilities (on-policy)
             loss_factor = folded.loss_factor(per_token_logps.detach())
             advantages = loss_factor * advantages
+            if self.model.training:  # the completion tables show it (`sharpgrpo.training.telemetry`)
+                replace_folded_advantages(self._logs, self.accelerator, inputs, advantages, mask,
+                                          self.args.generation_batch_size, self.num_generations)
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         if self.off_policy_mask_threshold is not None:
@@ -335,6 +361,18 @@ class SharpGRPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
+        if self._telemetry is not None and mode == "train":  # the very tensors above, detached (on telemetry steps)
+            vllm_is = self.use_vllm and self.vllm_importance_sampling_correction
+            self._telemetry.capture(
+                self.state.global_step + 1, inputs,
+                loss_type=self.loss_type, accumulation=accumulation, window_tokens=window_tokens, mask=mask,
+                old_logp=old_per_token_logps, sampling_logp=inputs.get("sampling_per_token_logps"),
+                logp=per_token_logps, ratio=coef_1, surrogate_ratio=surrogate_ratio, entropy=entropies,
+                entropy_mask=entropy_mask, weight=weights, advantage=advantages, token_loss=per_token_loss,
+                off_policy_mask=off_policy_mask if self.off_policy_mask_threshold is not None else None,
+                is_weight=inputs["importance_sampling_ratio"] if vllm_is else None,
+                kl=per_token_kl if self.beta != 0.0 else None, **per_token_terms(terms),
+            )
         metrics, accelerator = self._metrics[mode], self.accelerator
         log_loss_metrics(accelerator, metrics, self.loss_type, epsilon_low, epsilon_high, mask, entropies,
                          coef_1, advantages, per_token_kl if self.beta else None, phi_seq)

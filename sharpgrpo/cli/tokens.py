@@ -1,12 +1,16 @@
-"""Per-token weights and advantage factors of a run's completions: ``sharpgrpo tokens --model M --output DIR ...``.
+"""Per-token weights and advantages of a run: ``sharpgrpo tokens --telemetry RUN_DIR --output DIR ...``.
 
+    sharpgrpo tokens --telemetry RUN_DIR --output DIR [--step N --group G --shade COLUMN --filter clipped]
+    sharpgrpo tokens --telemetry RUN_A --compare RUN_B --step 1 --output DIR
     sharpgrpo tokens --model RUN_DIR --completions RUN_DIR/completions --output DIR
     sharpgrpo tokens --model sharpgrpo-tiny --prompts prompts.jsonl --output DIR
 
-Writes ``tokens.json``, ``tokens.md``, ``tokens.png`` and the self-contained page ``tokens.html``. A token-weight
-strategy gets GRPO-SG App. C.3's token table and each token shaded by its weight (``sharpgrpo.diagnostics.tokens``);
-an advantage strategy each token's factor A[i,t] / A[i] on whole groups of the run's saved completions
-(``sharpgrpo.diagnostics.advantage_tokens``). The same as ``python -m sharpgrpo tokens``.
+``--telemetry`` reads the run's per-token telemetry (``token_telemetry: true``), no model: ``tokens.html`` (each token
+shaded by any column, filters, one step and group, two runs or steps side by side), ``telemetry.png`` and
+``tokens.json`` (``sharpgrpo.diagnostics.telemetry``); it works for every strategy, a user-registered one included.
+``--model`` with ``--completions``/``--prompts`` is GRPO-SG App. C.3's token table of a token-weight strategy on a
+model (``sharpgrpo.diagnostics.tokens``): ``tokens.json``, ``tokens.md``, ``tokens.png`` and ``tokens.html``. The
+same as ``python -m sharpgrpo tokens``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from sharpgrpo.diagnostics.tokens import (
     read_logged_rows,
     read_prompts,
     run_settings,
-    saved_training_args,
     tokens_markdown,
 )
 
@@ -45,8 +48,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sharpgrpo.evaluation.models import load_model_and_tokenizer
 
     parser = argparse.ArgumentParser(prog="sharpgrpo tokens", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="sharpgrpo-tiny, a model/adapter directory or a hub id.")
+    parser.add_argument("--model", help="sharpgrpo-tiny, a model/adapter directory or a hub id (not with --telemetry).")
     source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--telemetry", help="A run's per-token telemetry (token_telemetry: true): the run folder, its telemetry/ "
+        "folder or one telemetry_<step>.parquet. No model: the page shows the very values the loss used.",
+    )  # fmt: skip
     source.add_argument("--completions", help="TRL's completions folder (or one completions_<step>.parquet file).")
     source.add_argument("--prompts", help="Prompts to sample from: .jsonl with a 'prompt' field, or one per line.")
     parser.add_argument(
@@ -55,10 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--strategy", default=None,
         help="A token-weight strategy (grpo_sg, reverse, random, equal): the token table and each token shaded by "
-        "its weight; an advantage strategy (thr, nthr, cw_grpo, ar, passk_mixed; needs --completions): each token "
-        "shaded by its factor A[i,t] / A[i] (sharpgrpo.diagnostics.advantage_tokens). Default: the run's own "
-        "strategies (its training_args.json beside the model or the completions; with an advantage strategy among "
-        "them, its factors, the weight strategy's weights as an underline), else grpo_sg.",
+        "its weight. Default: the run's own weight strategy (its training_args.json beside the model or the "
+        "completions), else grpo_sg. Advantage strategies: --telemetry.",
     )  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="append", type=_parse_override, default=[], metavar="KEY=VALUE",
@@ -78,7 +83,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--apply_chat_template", action="store_true", help="Wrap string prompts as a user message.")
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    view = parser.add_argument_group("telemetry page (--telemetry)")
+    view.add_argument("--step", type=int, default=None, help="The telemetry step to show (default: the last).")
+    view.add_argument("--group", action="append", default=[], help="Group(s) (prompt_index) to show, e.g. 0,3.")
+    view.add_argument("--shade", default=None, help="Column shading each token: weight, factor (A[i,t]/A[i]), "
+                      "advantage, advantage/<strategy>, p, ratio, entropy, token_loss, loss_contribution, ... "
+                      "(default: weight with a weight strategy, else factor with an advantage strategy).")
+    view.add_argument("--filter", choices=("clipped", "masked", "zero_weight"), default=None,
+                      help="Outline these tokens and show only the completions holding one.")
+    view.add_argument("--compare", default=None, help="Another run's telemetry, side by side on the same prompts "
+                      "(two strategies with the same seed generate the same first batch: use --step 1).")
+    view.add_argument("--compare_step", type=int, default=None, help="Compare with this step (of --compare, or of "
+                      "the same run).")
+    view.add_argument("--max_groups", type=int, default=8, help="Groups shown when --group is not given.")
     args = parser.parse_args(argv)
+    if args.telemetry:
+        return _telemetry_main(args)
+    if args.model is None:
+        parser.error("--model is required with --completions or --prompts")
     scores = None
     if args.completions:  # read (or fail on) the inputs before the model loads
         prompts, completions, scores = read_logged_rows(args.completions, args.max_rows)
@@ -86,8 +108,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prompts, completions = read_prompts(args.prompts), None
     settings, run_strategies, settings_file = run_settings(args.completions, args.model)
     requested = [args.strategy] if args.strategy else run_strategies
-    if any(not _is_weight_strategy(s) for s in requested):  # an advantage strategy: its factors on whole groups
-        return _advantage_main(args, prompts, completions, scores, requested)
+    if any(not _is_weight_strategy(s) for s in requested):  # an advantage strategy: what the loss used, exported
+        raise ValueError(
+            f"strategies {requested} hold an advantage strategy: its token advantages are read from the run's "
+            "per-token telemetry (train with `token_telemetry: true`, then `sharpgrpo tokens --telemetry RUN_DIR`)."
+        )
     strategy = args.strategy or next((s for s in run_strategies if _is_weight_strategy(s)), None) or "grpo_sg"
     if settings_file is not None:
         used = ", ".join(f"{k}={v}" for k, v in settings.items())
@@ -106,36 +131,67 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def _advantage_main(args, prompts, completions, scores, strategies: list[str]) -> dict[str, Any]:
-    """The command line for advantage strategies: factors A[i,t] / A[i] on the run's saved completions."""
-    from sharpgrpo.diagnostics.advantage_tokens import analyze_advantage_tokens, factor_markdown
-    from sharpgrpo.evaluation.models import load_model_and_tokenizer
-    from sharpgrpo.strategies import STRATEGIES
+def _telemetry_main(args) -> dict[str, Any]:
+    """The page of a run's per-token telemetry: no model, no forward (``sharpgrpo.diagnostics.telemetry``)."""
+    from pathlib import Path
 
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        STRATEGIES.get(unknown[0])  # the registry's error lists the valid names
-    if not args.completions:
-        raise ValueError(
-            f"{strategies} holds advantage strategies: their factors need whole groups with their rewards, i.e. a "
-            "run's saved completions (--completions), not --prompts."
-        )
-    saved, settings_file = saved_training_args(args.completions, args.model)
-    weight = next((s for s in strategies if _is_weight_strategy(s)), None)
-    if settings_file is not None:
-        print(f"[sharpgrpo] the run's settings from {settings_file}: strategies {strategies} (flags override them)")
-    if args.max_rows is not None:  # whole groups only
-        generations = int(dict(args.overrides).get("num_generations", saved.get("num_generations", 8)))
-        keep = len(prompts) - len(prompts) % generations
-        prompts, completions, scores = prompts[:keep], completions[:keep], scores[:keep]
-    model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
-    result = analyze_advantage_tokens(
-        model, tokenizer, prompts, completions, scores, strategies, saved, temperature=args.temperature,
-        batch_size=args.batch_size, apply_chat_template=args.apply_chat_template, weight_strategy=weight,
-        output=args.output, **dict(args.overrides),
-    )  # fmt: skip
-    print(factor_markdown(result))
+    from sharpgrpo.diagnostics.telemetry import (
+        plot_telemetry,
+        read_telemetry,
+        select_tokens,
+        summary,
+        telemetry_files,
+        token_ranking,
+        write_telemetry_page,
+    )
+
+    def pick(path: str, step: int | None):
+        files = telemetry_files(path)
+        if step is None:
+            step = max(files)
+        if step not in files:
+            raise ValueError(f"--step {step}: {path} has telemetry for steps {', '.join(map(str, sorted(files)))}")
+        frame, meta = read_telemetry(files[step])
+        return step, frame, meta, files[step]
+
+    groups = [int(g) for text in args.group for g in str(text).split(",") if g != ""]
+    step, frame, meta, file = pick(args.telemetry, args.step)
+    runs = [(f"{Path(meta.get('output_dir') or args.telemetry).name or args.telemetry} step {step}", frame, meta)]
+    if args.compare is not None or args.compare_step is not None:
+        other = args.compare or args.telemetry
+        other_step, other_frame, other_meta, _ = pick(other, args.compare_step if args.compare_step is not None
+                                                      else (step if args.compare else None))
+        label = f"{Path(other_meta.get('output_dir') or other).name or other} step {other_step}"
+        runs.append((label if label != runs[0][0] else label + " (compared)", other_frame, other_meta))
+    column = args.shade or _default_column(meta, frame)
+    selected = [(label, select_tokens(f, groups=groups or None, token_filter=args.filter,
+                                      max_groups=None if groups else args.max_groups), m) for label, f, m in runs]
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    page = write_telemetry_page(output / "tokens.html", selected, column, args.filter)
+    figure = plot_telemetry(frame, output / "telemetry.png", f"{runs[0][0]}: {', '.join(meta['strategies'])}")
+    result = {
+        "file": str(file), "step": step, "column": column, "filter": args.filter, "page": str(page),
+        "figure": str(figure), "metadata": {k: v for k, v in meta.items() if k != "columns"},
+        "summary": {label: summary(f) for label, f, _ in runs},
+        "shown": {label: summary(f) for label, f, _ in selected},
+    }
+    ranking, overall = token_ranking(frame, args.top, args.min_count)  # GRPO-SG App. C.3's table, as trained
+    (output / "tokens.md").write_text(tokens_markdown(ranking, " x ".join(meta["strategies"]), overall))
+    result.update(ranking, overall=overall)
+    (output / "tokens.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"[sharpgrpo] {page} ({column}), {figure}: step {step} of {file}")
     return result
+
+
+def _default_column(meta: dict[str, Any], frame) -> str:
+    """``weight`` with a weight strategy, else ``factor`` (A[i,t] / A[i]) with an advantage strategy, else
+    ``advantage``."""
+    if any(c.startswith("weight/") for c in frame.columns):
+        return "weight"
+    if any(c.startswith("advantage/") for c in frame.columns):
+        return "factor"
+    return "advantage"
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 One file, no server and no external assets (inline CSS, no script): open it in any browser. Each completion is shown
 with its reward columns and advantage; each token's background is blue below weight 1 (damped), orange above
 (boosted), white at 1, with full colour at the strategy's weight bounds; hovering a token shows its probability and
-weight. Written by ``sharpgrpo tokens`` as ``tokens.html``.
+weight. Written by ``sharpgrpo tokens`` as ``tokens.html``; the colours are shared with the telemetry page
+(``sharpgrpo.diagnostics.telemetry``).
 """
 
 from __future__ import annotations
@@ -129,89 +130,3 @@ def factor_shade(factor: float, bounds: tuple[float, float]) -> str:
     if factor < 0:
         return f"rgba({FLIPPED_RGB[0]},{FLIPPED_RGB[1]},{FLIPPED_RGB[2]},{min(1.0, 0.35 + abs(factor)):.3f})"
     return shade(factor, bounds)
-
-
-def factor_bounds(completions: Sequence[dict[str, Any]]) -> tuple[float, float]:
-    """The smallest and largest positive factor on the page, widened to include 1 (full colour at each end)."""
-    positive = [f for e in completions if e["factors"] for f in e["factors"] if f > 1e-12]
-    return min([1.0, *positive]), max([1.0, *positive])
-
-
-def _hover(entry: dict[str, Any], t: int, strategies: Sequence[str]) -> str:
-    parts = [f"p={entry['probs'][t]:.3f}"]
-    if entry["factors"] is not None:
-        parts.append(f"factor={entry['factors'][t]:.3f}")
-        for own in entry["strategy_factors"]:
-            if len(strategies) > 1:
-                parts.append(f"{own['name']}={own['factors'][t]:.3f}")
-            if own["scores"] is not None:
-                parts.append(f"{own['name']} score={own['scores'][t]:.4g}")
-    if entry.get("weights") is not None:
-        parts.append(f"w={entry['weights'][t]:.3f}")
-    return " ".join(parts)
-
-
-def advantage_token_page(
-    completions: Sequence[dict[str, Any]], strategies: Sequence[str], settings: dict[str, Any],
-    meanings: dict[str, str], correct_rules: Sequence[str], weight_strategy: str | None = None,
-    weight_bounds: tuple[float, float] | None = None,
-) -> str:  # fmt: skip
-    """The HTML text for advantage strategies. Each entry of ``completions``: ``prompt``, ``pieces``, ``probs``,
-    ``advantage`` (A[i]), ``factors`` (A[i,t] / A[i] per token, None where A = 0), ``strategy_factors`` (per
-    strategy: ``name``, its own ``factors`` and ``scores`` or None), ``weights`` (the weight strategy's, or None),
-    ``correct`` and ``scores`` (the saved columns). The background is the factor; with ``weight_strategy`` a thick
-    underline carries the token weight in the colours of :func:`shade`."""
-    bounds = factor_bounds(completions)
-    chain = " then ".join(strategies)
-    values = sorted({bounds[0], 1.0, bounds[1]})
-    legend = "".join(f'<span style="background:{factor_shade(f, bounds)}">f={f:.3g}</span>' for f in values)
-    legend += f'<span style="background:{ZEROED}">f=0 (dropped)</span>'
-    legend += f'<span style="background:{factor_shade(-1.0, bounds)}">f&lt;0 (sign flipped)</span>'
-    if weight_strategy is not None:
-        legend += "".join(
-            f'<span style="border-bottom:4px solid {shade(w, weight_bounds)}">w={w:.2f}</span>'
-            for w in sorted({weight_bounds[0], 1.0, weight_bounds[1]})
-        )
-    described = ", ".join(f"{k} {_number(v)}" for k, v in settings.items())
-    meaning = "".join(f"<li><code>{html.escape(n)}</code>: {html.escape(meanings.get(n, ''))}</li>" for n in strategies)
-    underline = (
-        f" The thick underline is the token weight under <code>{html.escape(weight_strategy)}</code> (blue below 1, "
-        f"orange above, full colour at its bounds [{weight_bounds[0]:.3g}, {weight_bounds[1]:.3g}])."
-        if weight_strategy is not None else ""
-    )  # fmt: skip
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>Token advantages under {html.escape(chain)}</title><style>{STYLE}</style></head><body>",
-        f"<h2>Token advantage factors under <code>{html.escape(chain)}</code></h2>",
-        (
-            f"<p>{len(completions)} completions; {html.escape(described)}. Each token is shaded by its factor "
-            "f = A[i,t] / A[i], its token advantage over the completion's sequence advantage: blue below 1 (damped), "
-            f"orange above 1 (boosted), full colour at the page's extremes [{bounds[0]:.3g}, {bounds[1]:.3g}]; grey "
-            "at 0 (dropped), purple below 0. Completions with A = 0 have no factor and are not shaded. Correct "
-            f"completions (positive set): {html.escape('; '.join(correct_rules))}, from the saved rewards. Hover a "
-            f"token for its probability, factor and score.{underline}</p>"
-        ),
-        f"<ul>{meaning}</ul>",
-        f'<p class="legend">{legend}</p>',
-    ]
-    for index, entry in enumerate(completions):
-        scores = " &middot; ".join(
-            f"{html.escape(str(name))} <b>{_number(value)}</b>" for name, value in entry["scores"].items()
-        )
-        tokens = []
-        for t, piece in enumerate(entry["pieces"]):
-            style = "" if entry["factors"] is None else f"background:{factor_shade(entry['factors'][t], bounds)};"
-            if entry.get("weights") is not None:
-                style += f"border-bottom:4px solid {shade(entry['weights'][t], weight_bounds)};"
-            tokens.append(f'<span class="tok" style="{style}" title="{html.escape(_hover(entry, t, strategies))}">'
-                          f"{html.escape(piece)}</span>")
-        note = (" &middot; <i>A = 0: no token advantage to scale, not shaded</i>" if entry["factors"] is None
-                else f" &middot; {'correct' if entry['correct'] else 'wrong'}")  # fmt: skip
-        parts += completion_box(index, scores + note, entry["prompt"], "".join(tokens))
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-def write_advantage_token_page(path: str | Path, *args, **kwargs) -> Path:
-    return write_page(path, advantage_token_page(*args, **kwargs))

@@ -14,8 +14,8 @@ Completions come from a run's saved completions (``train.py``'s ``save_completio
 
 (the command line is ``sharpgrpo.cli.tokens``).
 
-A run trained with an advantage strategy (``thr``, ``nthr``, ``cw_grpo``, ``ar``, ``passk_mixed``) gets each token's
-factor A[i,t] / A[i] instead, on whole groups of its saved completions (``sharpgrpo.diagnostics.advantage_tokens``).
+What a run actually trained on, for every strategy (advantage strategies included), is read from its per-token
+telemetry instead, with no model (``sharpgrpo.diagnostics.telemetry``; ``sharpgrpo tokens --telemetry``).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def weight_strategy(strategy: str | None = None, config: Any = None, **overrides
     if cls.kind != "weight":
         raise ValueError(
             f"{strategy!r} is an advantage strategy; this analysis needs a token-weight strategy (grpo_sg, reverse, "
-            "random, equal). Advantage strategies are analysed on a run's saved completions "
-            "(sharpgrpo.diagnostics.advantage_tokens; the command line with --completions does it)."
+            "random, equal). Advantage strategies are read from a run's per-token telemetry "
+            "(sharpgrpo.diagnostics.telemetry: train with token_telemetry: true, then sharpgrpo tokens --telemetry)."
         )
     return cls(config), config, strategy
 

@@ -13,7 +13,10 @@ from transformers.trainer_callback import ProgressCallback
 class CompletionsCallback(TrainerCallback):
     """Write the last generation batch's prompts, completions, rewards and advantages at every log step to
     ``output_dir/completions/completions_<step>.parquet``: the same columns and file names as TRL's
-    ``log_completions`` (which also prints a rich table per step), read by ``sharpgrpo tokens``."""
+    ``log_completions`` (which also prints a rich table per step), read by ``sharpgrpo tokens``.
+
+    ``advantage`` is the one trained on: with advantage strategies, each completion's mean token advantage after them
+    (the trainer replaces TRL's value in ``trainer._logs``), TRL's group-normalised value in ``trl_advantage``."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -29,6 +32,7 @@ class CompletionsCallback(TrainerCallback):
             "prompt": list(trainer._logs["prompt"]),
             "completion": list(trainer._logs["completion"]),
             **{name: list(values) for name, values in trainer._logs["rewards"].items()},
+            **{name: list(values) for name, values in trainer._logs["extra"].items()},
             "advantage": list(trainer._logs["advantages"]),
         }
         folder = Path(args.output_dir) / "completions"

@@ -29,12 +29,17 @@ class GenerationRecord:
         captured: the sampling log-probabilities (``logps``), last hidden states (``hidden``) and entropies
             (``entropy``) read from
             transformers' decoding steps (`sharpgrpo.training.generation_capture`), when a strategy needs them.
+        stages: (B_local, T) token advantages after each advantage strategy run at generation (this process's rows).
+        logged_advantages: (each completion's mean token advantage after those strategies, TRL's sequence advantage),
+            both (B_global,) in global order, for the completion tables (`sharpgrpo.training.telemetry`).
     """
 
     inputs: list[dict[str, Any]] | None = None
     rewards_per_func: torch.Tensor | None = None
     answer_verdicts: torch.Tensor | None = None
     captured: dict[str, torch.Tensor] = field(default_factory=dict)
+    stages: list[torch.Tensor] = field(default_factory=list)
+    logged_advantages: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def gather_rows(accelerator, tensor: torch.Tensor) -> torch.Tensor:
@@ -53,16 +58,20 @@ def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) 
 
 
 def run_advantage_strategies(
-    strategies: list[AdvantageStrategy], batch: GenerationBatch, checker, metrics, on_token_scores=None
+    strategies: list[AdvantageStrategy], batch: GenerationBatch, checker, metrics, on_token_scores=None,
+    stages: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Apply ``strategies`` in order, each to the previous one's token advantages; check each output
     (``checker.advantages``), append each strategy's metrics to ``metrics`` and hand the strategy's per-token scores
-    (``AdvantageStrategy.token_scores``), if any, to ``on_token_scores(scores, token_advantages)``."""
+    (``AdvantageStrategy.token_scores``), if any, to ``on_token_scores(scores, token_advantages)``. Each strategy's
+    output (B, T) is appended to ``stages`` when given (the per-token telemetry's ``advantage/<strategy>``)."""
     token_advantages = batch.advantages
     for strategy in strategies:
         result = strategy.token_advantages(replace(batch, advantages=token_advantages))
         checker.advantages(strategy, result, batch)
         token_advantages, strategy_metrics = result
+        if stages is not None:
+            stages.append(token_advantages)
         for name, value in strategy_metrics.items():
             metrics[name].append(float(value))
         scores = strategy.token_scores()

@@ -97,3 +97,12 @@ def log_loss_strategy_metrics(accelerator, metrics: dict[str, list], values: dic
     reduced = accelerator.reduce(local, reduction="mean").tolist()
     for name, value in zip(names, reduced, strict=True):
         metrics[name].append(value)
+
+
+def per_token_terms(terms: LossTerms | None) -> dict[str, torch.Tensor]:
+    """The per-token fields the loss strategies set (masks, extra terms, per-token clip range, KL factor), by name:
+    the telemetry's columns of what the loss used."""
+    if terms is None:
+        return {}
+    names = ("gradient_mask", "token_mask", "extra_loss", "epsilon_low", "epsilon_high", "kl_weight")
+    return {name: getattr(terms, name) for name in names if torch.is_tensor(getattr(terms, name))}

@@ -175,3 +175,30 @@ def aggregate_loss(
     else:  # refused by SharpGRPOConfig; kept so that a future loss type cannot pass silently
         raise ValueError(f"Unsupported loss type: {loss_type}")
     return loss / accumulation_steps, loss.detach()
+
+
+def token_loss_shares(
+    mask: torch.Tensor,
+    loss_type: str,
+    *,
+    accumulation_steps: float,
+    window_tokens: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+) -> torch.Tensor:
+    """Each token's factor in ``aggregate_loss``: (B, T) ``s`` with ``loss = sum(per_token_loss * s)`` (up to the
+    order of the float sums). ``grpo``/``sapo``: mask / (|o_i| B acc); ``bnpo``: mask / (sum(mask) acc);
+    ``dr_grpo``: mask / (B L_max acc); ``luspo``: mask / (B acc); ``dapo``/``cispo``/``vespo``: mask / window_tokens.
+    Used by the per-token telemetry (`sharpgrpo.training.telemetry`) to state every token's share of the loss."""
+    mask = mask.detach().float()
+    rows = mask.size(0)
+    if loss_type in ("grpo", "sapo"):
+        return mask / mask.sum(-1, keepdim=True).clamp(min=1.0) / rows / accumulation_steps
+    if loss_type == "bnpo":
+        return mask / mask.sum().clamp(min=1.0) / accumulation_steps
+    if loss_type == "dr_grpo":
+        return mask / (rows * max_completion_length) / accumulation_steps
+    if loss_type == "luspo":
+        return mask / rows / accumulation_steps
+    if loss_type in WINDOW_NORMALISED_LOSS_TYPES:
+        return mask / window_tokens
+    raise ValueError(f"Unsupported loss type: {loss_type}")

@@ -1,50 +1,48 @@
-"""Advantage-strategy token page on a real run: the factors A[i,t] / A[i] of ``thr`` recomputed from the run's saved
-completions equal the token advantages the trainer itself used (its ``dump_token_scores`` of the same generation
-batch, analysed with the model that sampled it), and the HTML page shows them."""
+"""The advantage page of ``sharpgrpo tokens --telemetry``: THR's token advantages as the trainer computed them.
+
+The page reads the run's per-token telemetry (no model, no recomputation); the trainer's own THR token advantages,
+dumped by ``dump_token_scores`` from inside the strategy, must be what the page shows, token by token.
+"""
 
 from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from html.parser import HTMLParser
 
+import pyarrow.parquet as pq
 import pytest
-import torch
 
 from sharpgrpo.cli.tokens import main
-from sharpgrpo.diagnostics.advantage_tokens import trl_sequence_advantages
 from sharpgrpo.diagnostics.token_page import BOOSTED_RGB, DAMPED_RGB, ZEROED
-from sharpgrpo.diagnostics.tokens import read_logged_rows
 
 pytestmark = pytest.mark.slow  # trains the tiny model two steps
 
 
 @pytest.fixture(scope="module")
 def thr_run(tiny_model_path, tmp_path_factory):
-    """Two real steps of ``thr`` with saved completions, the trainer's own token advantages dumped
-    (``dump_token_scores``), and hidden states from a forward pass (``generation_capture: false``), as the analysis
-    computes them. ``training_args.json`` is written as train.py writes it."""
+    """Two real steps of ``thr`` with per-token telemetry, saved completions and the trainer's own token
+    advantages dumped (``dump_token_scores``)."""
     from helpers import cpu_config
     from transformers import AutoTokenizer
 
     from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.data.demo import allowed_letters_reward, demo_dataset
-    from sharpgrpo.run.lifecycle import write_training_args
     from sharpgrpo.run.run_output import CompletionsCallback
 
     output_dir = tmp_path_factory.mktemp("thr_run")
     args = cpu_config(
         output_dir, strategies=["thr"], thr_p=0.2, temperature=0.9, per_device_train_batch_size=8,
         num_generations=4, max_completion_length=8, max_steps=2, logging_steps=1, learning_rate=1e-3,
-        save_strategy="no", seed=0, dump_token_scores=True, generation_capture=False,
+        save_strategy="no", seed=0, dump_token_scores=True, token_telemetry=True,
     )  # fmt: skip
     trainer = SharpGRPOTrainer(
         model=tiny_model_path, reward_funcs=[allowed_letters_reward], args=args, train_dataset=demo_dataset(32),
         processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
     )  # fmt: skip
     trainer.add_callback(CompletionsCallback(trainer))
-    write_training_args(args, str(output_dir))
     trainer.train()
     return output_dir
 
@@ -73,51 +71,54 @@ class Spans(HTMLParser):
             self._span = None
 
 
-def test_thr_factors_equal_the_trainers_own_token_advantages(thr_run, tiny_model_path, tmp_path):
+def test_thr_factors_equal_the_trainers_own_token_advantages(thr_run, tmp_path):
     # Step 1's generation batch was sampled, and its token advantages computed, by the initial model.
-    first = thr_run / "completions" / "completions_00001.parquet"
-    result = main(["--model", tiny_model_path, "--completions", str(first), "--output", str(tmp_path)])
-    assert result["strategies"] == ["thr"] and result["temperature"] == 0.9  # from the run's training_args.json
+    first = thr_run / "telemetry" / "telemetry_000001.parquet"
+    result = main(["--telemetry", str(first), "--output", str(tmp_path), "--shade", "factor"])
+    assert result["metadata"]["strategies"] == ["thr"] and result["metadata"]["temperature"] == 0.9
     dump = [json.loads(line) for line in (thr_run / "token_scores" / "generation_000001.jsonl").open()]
-    _, completions, scores = read_logged_rows(first)
-    entries = result["batches"][0]["completions"]
-    assert len(entries) == len(dump) == len(completions) == 8
+    frame = pq.read_table(first).to_pandas()
+    rows = [frame[frame["row"] == row].sort_values("position") for row in range(8)]
+    assert len(dump) == 8 and sorted(frame["row"].unique()) == list(range(8))
 
-    # TRL's own advantages, as saved, equal the recomputation from the saved rewards
-    rewards = torch.tensor([[s["allowed_letters_reward"]] for s in scores])
-    recomputed = trl_sequence_advantages(rewards, torch.ones(1), 4)
-    assert recomputed.tolist() == pytest.approx([s["advantage"] for s in scores], abs=1e-5)
+    # TRL's sequence advantages in the telemetry are the ones the saved completions keep as `trl_advantage`
+    saved = pq.read_table(thr_run / "completions" / "completions_00001.parquet").to_pandas()
+    assert [r["advantage_trl"].iloc[0] for r in rows] == pytest.approx(saved["trl_advantage"].tolist(), abs=1e-6)
+    # and the saved `advantage` is the one trained on: each completion's mean token advantage
+    assert [r["advantage"].mean() for r in rows] == pytest.approx(saved["advantage"].tolist(), abs=1e-5)
 
-    shaded = 0
-    for entry, record, sequence_advantage in zip(entries, dump, recomputed.tolist()):
-        assert entry["pieces"] == record["tokens"]  # re-tokenised text + EOS = the sampled tokens
-        assert entry["advantage"] == pytest.approx(sequence_advantage, abs=1e-6)
-        if entry["factors"] is None:
-            assert sequence_advantage == 0 and all(a == 0 for a in record["advantages"])
+    entries, shaded = [], 0
+    for rows_i, record in zip(rows, dump):
+        assert rows_i["token"].tolist() == record["tokens"]  # the sampled tokens, decoded one by one
+        assert rows_i["advantage"].tolist() == pytest.approx(record["advantages"], abs=1e-6)
+        assert rows_i["advantage/thr"].tolist() == rows_i["advantage"].tolist()
+        sequence_advantage = float(rows_i["advantage_trl"].iloc[0])
+        if sequence_advantage == 0:
+            assert all(a == 0 for a in record["advantages"])
+            entries.append(None)
             continue
-        expected = [a / sequence_advantage for a in record["advantages"]]
-        assert entry["factors"] == pytest.approx(expected, abs=1e-4)
-        assert entry["strategy_factors"][0]["scores"] == pytest.approx(record["scores"], rel=1e-3, abs=1e-6)
-        assert {round(f, 6) for f in entry["factors"]} <= {0.0, 0.8, 1.0, 1.2}  # THR: 0, 1 - p, 1, 1 + p
-        shaded += sum(f != 1.0 for f in entry["factors"])
+        factors = [a / sequence_advantage for a in record["advantages"]]
+        assert {round(f, 6) for f in factors} <= {0.0, 0.8, 1.0, 1.2}  # THR: 0, 1 - p, 1, 1 + p
+        shaded += sum(f != pytest.approx(1.0) for f in factors)
+        entries.append(factors)
     assert shaded > 0  # the batch has mixed groups, so THR changed some tokens
 
     page = (tmp_path / "tokens.html").read_text()
     assert "<script" not in page and "http" not in page  # self-contained
     parser = Spans()
     parser.feed(page)
-    assert len(parser.boxes) == len(entries)
-    for entry, spans in zip(entries, parser.boxes):
-        assert [html.unescape(text) for _, _, text in spans] == entry["pieces"]  # one span per token
+    assert len(parser.boxes) == 8
+    for rows_i, factors, spans in zip(rows, entries, parser.boxes):
+        assert [html.unescape(text) for _, _, text in spans] == rows_i["token"].tolist()  # one span per token
         for (style, title, _), t in zip(spans, range(len(spans))):
-            p = float(re.search(r"p=([0-9.]+)", title).group(1))
-            assert p == pytest.approx(entry["probs"][t], abs=1e-3)
-            if entry["factors"] is None:
+            p = float(re.search(r"\bp=([0-9.e-]+)", title).group(1))
+            assert p == pytest.approx(math.exp(rows_i["logp"].iloc[t]), abs=1e-3)
+            if factors is None:
                 assert "background" not in style and "factor=" not in title
                 continue
-            factor = entry["factors"][t]
-            assert float(re.search(r"factor=(-?[0-9.]+)", title).group(1)) == pytest.approx(factor, abs=1e-3)
-            assert "thr score=" in title
+            factor = factors[t]
+            assert float(re.search(r"factor=(-?[0-9.e-]+)", title).group(1)) == pytest.approx(factor, abs=1e-3)
+            assert "advantage/thr=" in title
             if factor == pytest.approx(0.0, abs=1e-9):
                 assert ZEROED in style
             elif factor > 1 + 1e-6:

@@ -1,0 +1,443 @@
+"""Reading per-token telemetry files (`sharpgrpo.training.telemetry`) and the token page built on them.
+
+No model and no forward: every value on the page is a column the trainer wrote from inside its loss, so the page
+shows what was trained on, for every strategy, a user-registered one included. ``sharpgrpo tokens --telemetry``
+(``sharpgrpo.cli.tokens``) is the command line.
+
+* ``read_telemetry(path)``: one file as a pandas frame plus its metadata, refused with one line naming the file when
+  it is truncated, not parquet or of another schema; derived columns ``p`` = exp(logp) and ``factor`` =
+  A[i,t] / A[i] (advantage over TRL's sequence advantage; NaN where A[i] = 0).
+* ``select_tokens``: pick groups (prompts) and mark the tokens a filter names (clipped, masked, zero_weight).
+* ``telemetry_page``: each completion's tokens shaded by any numeric column, one or two runs side by side.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sharpgrpo.diagnostics.token_page import (
+    BOOSTED_RGB,
+    DAMPED_RGB,
+    STYLE,
+    ZEROED,
+    _prompt_text,
+    factor_shade,
+    shade,
+    write_page,
+)
+from sharpgrpo.training.telemetry import METADATA_KEY, REQUIRED, SCHEMA_VERSION
+
+FILTERS = {
+    "clipped": "a clip bound is active (clip_low or clip_high)",
+    "masked": "out of the loss (mask = 0) or out of TRL's entropy mask",
+    "zero_weight": "weight w = 0",
+}
+# Columns shaded around 1 (blue below, orange above, as the weight page), and A[i,t] / A[i] (grey at 0, purple < 0).
+AROUND_ONE = ("weight", "ratio", "surrogate_ratio", "is_weight")
+HOVER = ("p", "weight", "advantage", "advantage_trl", "factor", "ratio", "entropy", "token_loss", "loss_contribution")
+
+
+class TelemetryFileError(ValueError):
+    """A telemetry file that cannot be read: one line naming it."""
+
+    names_itself = True
+
+
+def telemetry_files(path: str | Path) -> dict[int, Path]:
+    """``{step: file}`` of a telemetry folder, a run folder (its ``telemetry/``) or one file."""
+    path = Path(path)
+    if path.is_file():
+        return {_step_of(path): path}
+    folder = path / "telemetry" if (path / "telemetry").is_dir() else path
+    files = sorted(folder.glob("telemetry_*.parquet")) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(
+            f"No telemetry_*.parquet in {path}: train with `token_telemetry: true` (files under output_dir/telemetry/)."
+        )
+    return {_step_of(f): f for f in files}
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.stem.rsplit("_", 1)[-1])
+    except ValueError:
+        return -1
+
+
+def read_telemetry(path: str | Path):
+    """``(frame, metadata)`` of one telemetry file; ``TelemetryFileError`` (one line naming the file) when it is not
+    a complete parquet file or not a telemetry file of this schema version."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as error:
+        reason = " ".join(str(error).split())[:160]
+        raise TelemetryFileError(f"telemetry file {path}: not a complete parquet file (truncated?): {reason}") from None
+    raw = (table.schema.metadata or {}).get(METADATA_KEY.encode())
+    if raw is None:
+        raise TelemetryFileError(f"telemetry file {path}: another schema (no {METADATA_KEY!r} metadata); "
+                                 "expected a file written by token_telemetry")
+    meta = json.loads(raw)
+    if meta.get("version") != SCHEMA_VERSION:
+        raise TelemetryFileError(f"telemetry file {path}: schema version {meta.get('version')}, this sharpgrpo reads "
+                                 f"version {SCHEMA_VERSION}")
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise TelemetryFileError(f"telemetry file {path}: another schema, columns missing: {', '.join(missing)}")
+    frame = table.to_pandas()
+    frame["p"] = np.exp(frame["logp"].astype(np.float64))
+    trl = frame["advantage_trl"].astype(np.float64)
+    frame["factor"] = np.where(trl != 0, frame["advantage"] / trl.where(trl != 0, 1.0), np.nan)
+    return frame, meta
+
+
+def filter_mask(frame, name: str | None):
+    """Boolean Series: the tokens ``name`` (one of ``FILTERS``) picks; all True without a filter."""
+    if name is None:
+        return frame["row"] >= 0
+    if name == "clipped":
+        return frame["clip_low"].astype(bool) | frame["clip_high"].astype(bool)
+    if name == "masked":
+        kept = frame["mask"] == 1
+        if "entropy_mask" in frame:
+            kept &= frame["entropy_mask"] == 1
+        return ~kept
+    if name == "zero_weight":
+        return frame["weight"] == 0
+    raise ValueError(f"--filter {name!r}: expected one of {', '.join(FILTERS)}")
+
+
+def select_tokens(frame, *, groups: Sequence[int] | None = None, token_filter: str | None = None, max_groups=None):
+    """The frame restricted to the picked ``groups`` (``prompt_index`` values; default all, at most ``max_groups``)
+    and, with ``token_filter``, to the completions holding a token it picks; column ``picked`` marks those tokens."""
+    frame = frame.copy()
+    frame["picked"] = filter_mask(frame, token_filter).to_numpy() if token_filter else False
+    if groups:
+        unknown = sorted(set(groups) - set(frame["prompt_index"].unique().tolist()))
+        if unknown:
+            raise ValueError(f"--group {unknown[0]}: this step has groups 0-{int(frame['prompt_index'].max())}")
+        frame = frame[frame["prompt_index"].isin(list(groups))]
+    if token_filter:
+        rows = frame.loc[frame["picked"], "row"].unique()
+        frame = frame[frame["row"].isin(rows)]
+    if max_groups is not None:
+        keep = sorted(frame["prompt_index"].unique())[:max_groups]
+        frame = frame[frame["prompt_index"].isin(keep)]
+    return frame
+
+
+def summary(frame) -> dict[str, Any]:
+    """Counts and means over the loss tokens (mask = 1) of a frame."""
+    kept = frame[frame["mask"] == 1]
+    n = max(len(kept), 1)
+    return {
+        "completions": int(frame["row"].nunique()),
+        "tokens": len(frame),
+        "loss_tokens": len(kept),
+        "clip_low": float(kept["clip_low"].sum() / n),
+        "clip_high": float(kept["clip_high"].sum() / n),
+        "mean_weight": float(kept["weight"].mean()) if len(kept) else math.nan,
+        "zero_weight": float((kept["weight"] == 0).sum() / n),
+        "mean_abs_advantage": float(kept["advantage"].abs().mean()) if len(kept) else math.nan,
+        "loss": float(frame["loss_contribution"].sum()),
+    }
+
+
+def token_ranking(frame, top: int = 100, min_count: int = 5) -> tuple[dict[str, list[dict]], dict[str, float]]:
+    """GRPO-SG App. C.3's table from the telemetry: the ``top`` highest- and lowest-mean-probability tokens among
+    those seen at least ``min_count`` times in the loss, each with its mean weight as trained (the entries of
+    ``sharpgrpo.diagnostics.tokens.rank_tokens``, whose ``tokens_markdown`` prints them), and the overall means."""
+    from sharpgrpo.diagnostics.tokens import display_token
+
+    kept = frame[frame["mask"] == 1]
+    stats = kept.groupby("token_id").agg(count=("p", "size"), mean_prob=("p", "mean"), mean_weight=("weight", "mean"),
+                                         token=("token", "first"))
+    stats = stats[stats["count"] >= max(1, min_count)].reset_index()
+    n_high = min(top, math.ceil(len(stats) / 2))
+    n_low = min(top, len(stats) - n_high)
+    high = stats.sort_values(["mean_prob", "count", "token_id"], ascending=[False, False, True]).head(n_high)
+    low = stats.sort_values(["mean_prob", "count", "token_id"], ascending=[True, False, True]).head(n_low)
+
+    def entries(table):
+        return [{"token_id": int(r.token_id), "token": display_token(r.token), "count": int(r.count),
+                 "mean_prob": float(r.mean_prob), "mean_weight": float(r.mean_weight)} for r in table.itertuples()]
+
+    overall = {"tokens": len(kept), "mean_prob": float(kept["p"].mean()) if len(kept) else math.nan,
+               "mean_weight": float(kept["weight"].mean()) if len(kept) else math.nan}
+    return {"high": entries(high), "low": entries(low)}, overall
+
+
+def column_kind(column: str) -> str:
+    """How a column is shaded: ``factor``, ``around_one`` (w-like), ``signed`` (diverging at 0) or ``level``."""
+    if column == "factor":
+        return "factor"
+    if column.split("/")[0] in AROUND_ONE:
+        return "around_one"
+    if column.split("/")[0] in ("advantage", "advantage_trl", "token_loss", "loss_contribution", "kl", "reward"):
+        return "signed"
+    return "level"
+
+
+LEVEL_RGB = (60, 160, 90)  # green: a level column (p, entropy, logp, ...), full colour at the page's maximum
+
+
+def shader(values: np.ndarray, column: str):
+    """A function value -> CSS background for ``column`` on a page whose values are ``values``."""
+    finite = values[np.isfinite(values)]
+    kind = column_kind(column)
+    if kind == "factor":
+        positive = finite[finite > 1e-12]
+        bounds = (min([1.0, *positive.tolist()]), max([1.0, *positive.tolist()]))
+        return lambda v: "" if not np.isfinite(v) else factor_shade(float(v), bounds)
+    if kind == "around_one":
+        bounds = (min([1.0, *finite.tolist()]), max([1.0, *finite.tolist()]))
+        return lambda v: "" if not np.isfinite(v) else (ZEROED if v == 0 else shade(float(v), bounds))
+    if kind == "signed":
+        scale = float(np.abs(finite).max()) if len(finite) else 1.0
+        scale = scale or 1.0
+
+        def signed(v):
+            if not np.isfinite(v):
+                return ""
+            rgb = BOOSTED_RGB if v > 0 else DAMPED_RGB
+            return f"rgba({rgb[0]},{rgb[1]},{rgb[2]},{min(1.0, abs(v) / scale):.3f})"
+
+        return signed
+    low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
+    span = (high - low) or 1.0
+    return lambda v: "" if not np.isfinite(v) else \
+        f"rgba({LEVEL_RGB[0]},{LEVEL_RGB[1]},{LEVEL_RGB[2]},{(v - low) / span:.3f})"
+
+
+def _hover(token, columns: Sequence[str]) -> str:
+    parts = []
+    for name in columns:
+        value = token.get(name)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        parts.append(f"{name}={value:.4g}" if isinstance(value, (float, np.floating)) else f"{name}={value}")
+    flags = [flag for flag in ("clip_low", "clip_high") if token.get(flag)]
+    if token.get("mask") == 0:
+        flags.append("masked")
+    return " ".join(parts + flags)
+
+
+def completions(frame, column: str) -> list[dict[str, Any]]:
+    """One entry per completion (global order): prompt, group, rewards, sequence values and its tokens."""
+    hover = [c for c in dict.fromkeys([column, *HOVER]) if c in frame]
+    hover += [c for c in frame.columns if c.startswith(("advantage/", "weight/")) and c not in hover]
+    entries = []
+    for row, rows in frame.groupby("row", sort=True):
+        first = rows.iloc[0]
+        kept = rows[rows["mask"] == 1]
+        rewards = {c: float(first[c]) for c in frame.columns if c.startswith("reward/")}
+        entries.append({
+            "row": int(row), "prompt_index": int(first["prompt_index"]),
+            "completion_index": int(first["completion_index"]), "prompt": first.get("prompt", ""),
+            "rewards": rewards, "reward": float(first.get("reward", math.nan)),
+            "advantage_trl": float(first["advantage_trl"]),
+            "advantage": float(kept["advantage"].mean()) if len(kept) else math.nan,
+            "tokens": [
+                {**{c: _plain(t[c]) for c in hover}, "token": t["token"], "picked": bool(t["picked"]),
+                 "mask": int(t["mask"]), "clip_low": bool(t["clip_low"]), "clip_high": bool(t["clip_high"]),
+                 "position": int(t["position"])}
+                for t in rows.to_dict("records")
+            ],
+        })
+    return entries
+
+
+def _plain(value):
+    if isinstance(value, (np.floating, float)):
+        return float(value)
+    if isinstance(value, (np.integer, int, np.bool_)):
+        return int(value)
+    return value
+
+
+EXTRA_STYLE = """
+.tok.picked { outline: 2px solid #d62728; }
+.tok.clip { text-decoration: underline wavy #d62728; }
+.tok.off { color: #999; }
+.pair { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; }
+.pair h3 { font-size: 14px; margin: 4px 0; }
+table.summary { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+table.summary td, table.summary th { border: 1px solid #ccc; padding: 2px 8px; text-align: right; }
+"""
+
+
+def _tokens_html(entry: dict[str, Any], column: str, colour) -> str:
+    spans = []
+    hover_columns = [k for k in entry["tokens"][0] if k not in ("token", "picked", "mask", "clip_low", "clip_high",
+                                                                 "position")] if entry["tokens"] else []
+    for token in entry["tokens"]:
+        classes = ["tok"] + (["picked"] if token["picked"] else []) + (
+            ["clip"] if token["clip_low"] or token["clip_high"] else []) + (["off"] if token["mask"] == 0 else [])
+        value = token.get(column)
+        style = colour(np.float64(value if value is not None else math.nan))
+        title = _hover(token, hover_columns)
+        spans.append(f'<span class="{" ".join(classes)}" style="{("background:" + style) if style else ""}" '
+                     f'title="{html.escape(title)}">{html.escape(token["token"])}</span>')
+    return "".join(spans)
+
+
+def _box(entry: dict[str, Any], column: str, colour) -> list[str]:
+    rewards = " &middot; ".join(f"{html.escape(k.removeprefix('reward/'))} <b>{v:.3g}</b>"
+                                for k, v in entry["rewards"].items())
+    header = (f"#{entry['row']} &middot; group {entry['prompt_index']}, completion {entry['completion_index']} "
+              f"&middot; {rewards} &middot; A (trained, mean) <b>{entry['advantage']:.3f}</b> &middot; "
+              f"TRL's A <b>{entry['advantage_trl']:.3f}</b>")
+    return [
+        '<div class="completion">',
+        f'<div class="scores">{header}</div>',
+        f"<details><summary>prompt</summary><pre>{html.escape(_prompt_text(entry['prompt']))}</pre></details>",
+        f'<div class="text">{_tokens_html(entry, column, colour)}</div>',
+        "</div>",
+    ]
+
+
+def _legend(column: str, values: np.ndarray, colour) -> str:
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return ""
+    kind = column_kind(column)
+    marks = sorted({float(finite.min()), float(np.median(finite)), float(finite.max())}
+                   | ({1.0} if kind in ("around_one", "factor") else set()) | ({0.0} if kind == "signed" else set()))
+    marks = list({f"{v:.3g}": v for v in marks}.values())  # one swatch per shown value
+    legend = "".join(f'<span style="background:{colour(np.float64(v))}">{html.escape(column)}={v:.3g}</span>'
+                     for v in marks)
+    if kind == "factor":
+        legend += f'<span style="background:{ZEROED}">0 (dropped)</span>'
+    return legend
+
+
+def _summary_table(summaries: dict[str, dict[str, Any]]) -> str:
+    names = ["completions", "loss_tokens", "clip_low", "clip_high", "mean_weight", "zero_weight",
+             "mean_abs_advantage", "loss"]
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    rows = "".join(
+        f"<tr><th>{html.escape(label)}</th>" + "".join(
+            f"<td>{s[n]:.4g}</td>" if isinstance(s[n], float) else f"<td>{s[n]}</td>" for n in names) + "</tr>"
+        for label, s in summaries.items()
+    )
+    return f'<table class="summary"><tr><th></th>{head}</tr>{rows}</table>'
+
+
+def describe(meta: dict[str, Any]) -> str:
+    keys = ("strategies", "loss_type", "weight_placement", "epsilon_low", "epsilon_high", "beta", "temperature")
+    return ", ".join(f"{k} {meta[k]}" for k in keys if k in meta)
+
+
+def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str, token_filter: str | None) -> str:
+    """The HTML text: ``runs`` is one or two ``(label, selected frame, metadata)``; two are shown side by side,
+    completion by completion (matched by prompt and completion index)."""
+    if any(column not in frame for _, frame, _ in runs):
+        available = sorted(c for c in runs[0][1].columns if runs[0][1][c].dtype.kind in "fiub")
+        raise ValueError(f"--shade {column!r}: not a column of the telemetry; numeric columns: {', '.join(available)}")
+    values = np.concatenate([frame[column].to_numpy(dtype=np.float64) for _, frame, _ in runs])
+    colour = shader(values, column)
+    title = " vs ".join(label for label, _, _ in runs)
+    filter_text = f" Outlined in red: tokens where {FILTERS[token_filter]} (only completions holding one are shown)." \
+        if token_filter else ""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>Token telemetry: {html.escape(title)}</title><style>{STYLE}{EXTRA_STYLE}</style></head><body>",
+        f"<h2>What was trained on: tokens shaded by <code>{html.escape(column)}</code></h2>",
+        "<ul>" + "".join(f"<li><b>{html.escape(label)}</b>: {html.escape(describe(meta))}</li>"
+                         for label, _, meta in runs) + "</ul>",
+        (f"<p>Every value is the tensor the loss used (per-token telemetry, no model). Wavy underline: a clip bound "
+         f"was active; grey text: out of the loss. Hover a token for its columns.{filter_text}</p>"),
+        _summary_table({label: summary(frame) for label, frame, _ in runs}),
+        f'<p class="legend">{_legend(column, values, colour)}</p>',
+    ]
+    sides = [completions(frame, column) for _, frame, _ in runs]
+    if len(runs) == 1:
+        for entry in sides[0]:
+            parts += _box(entry, column, colour)
+    else:
+        right = {(e["prompt_index"], e["completion_index"]): e for e in sides[1]}
+        parts.append('<div class="pair">' + "".join(f"<h3>{html.escape(label)}</h3>" for label, _, _ in runs)
+                     + "</div>")
+        for entry in sides[0]:
+            other = right.pop((entry["prompt_index"], entry["completion_index"]), None)
+            same = other is not None and other["prompt"] == entry["prompt"]
+            parts.append('<div class="pair">')
+            parts.append("<div>" + "\n".join(_box(entry, column, colour)) + "</div>")
+            parts.append("<div>" + ("\n".join(_box(other, column, colour)) if other is not None else "") +
+                         ("" if same or other is None else "<p><i>another prompt at this index</i></p>") + "</div>")
+            parts.append("</div>")
+        for other in right.values():
+            parts += ['<div class="pair"><div></div><div>', *_box(other, column, colour), "</div></div>"]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_telemetry_page(path: str | Path, *args, **kwargs) -> Path:
+    return write_page(path, telemetry_page(*args, **kwargs))
+
+
+def plot_telemetry(frame, path: str | Path, title: str) -> Path:
+    """One figure of a telemetry step: (a) the weight against the token probability p (each loss token, coloured by
+    the sign of its advantage), (b) the distribution of the token advantages A[i,t] against TRL's A[i], (c) where in
+    the completion (relative position t / |o_i|) the tokens with an active clip bound fall."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kept = frame[frame["mask"] == 1]
+    lengths = frame.groupby("row")["position"].transform("max") + 1
+    relative = ((frame["position"] + 0.5) / lengths)[frame["mask"] == 1]  # token centres
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    ax = axes[0]
+    positive = kept["advantage"] > 0
+    ax.scatter(kept.loc[positive, "p"], kept.loc[positive, "weight"], s=6, alpha=0.5, color="tab:orange",
+               label="A > 0")
+    ax.scatter(kept.loc[~positive, "p"], kept.loc[~positive, "weight"], s=6, alpha=0.5, color="tab:blue",
+               label="A <= 0")
+    ax.set_xlabel("token probability p")
+    ax.set_ylabel("token weight w")
+    ax.set_title("weight against p")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    bins = np.linspace(float(min(kept["advantage"].min(), kept["advantage_trl"].min())) - 1e-6,
+                       float(max(kept["advantage"].max(), kept["advantage_trl"].max())) + 1e-6, 41) \
+        if len(kept) else 10
+    ax.hist(kept["advantage_trl"], bins=bins, alpha=0.5, color="gray", label="TRL's A[i] (per token)")
+    ax.hist(kept["advantage"], bins=bins, alpha=0.6, color="tab:purple", label="A[i,t] trained")
+    ax.set_xlabel("advantage")
+    ax.set_ylabel("tokens")
+    ax.set_title("token advantages")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax = axes[2]
+    low = kept["clip_low"].astype(bool).to_numpy()
+    high = kept["clip_high"].astype(bool).to_numpy()
+    edges = np.linspace(0, 1, 11)
+    ax.hist(relative.to_numpy(), bins=edges, color="lightgray", label=f"all loss tokens ({len(kept)})")
+    ax.hist([relative.to_numpy()[low], relative.to_numpy()[high]], bins=edges, stacked=True,
+            color=["tab:blue", "tab:red"], label=[f"low clip ({low.sum()})", f"high clip ({high.sum()})"])
+    ax.set_xlabel("relative position in the completion t / |o|")
+    ax.set_ylabel("tokens")
+    ax.set_yscale("symlog")
+    ax.set_title("where the clipped tokens fall")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    with plt.rc_context({"text.parse_math": False}):
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,448 @@
+"""Per-token telemetry: the very tensors the loss used, for every completion token, exported as one parquet file per
+telemetry step (``token_telemetry: true``; ``output_dir/telemetry/telemetry_<step>.parquet``).
+
+Capture, not recomputation. The trainer hands the recorder, detached, what it computed:
+
+* at generation (``SharpGRPOTrainer._generate_and_score_completions``): TRL's sequence advantage, the rewards of every
+  reward function, the token advantages after each advantage strategy (``run_advantage_strategies``' stages), the
+  row's global index and its prompt. They travel with the rows as ``telemetry_*`` tensors through TRL's shuffling and
+  splitting (``attach_generation``);
+* in the loss (``SharpGRPOTrainer._compute_loss``), on a telemetry step: the log-probabilities, the ratio, the weights,
+  the advantages, the KL term and the per-token loss of each micro-batch (``TelemetryRecorder.capture``);
+* at the step's end (``TelemetryCallback``): every process's rows gathered, sorted into global order
+  (group, completion, position) and written by the main process (``TelemetryRecorder.flush``).
+
+Only (B, T) tensors of the micro-batch are kept, on the CPU, and only on telemetry steps; nothing of vocabulary size.
+The columns, their meaning and the file's metadata are ``COLUMNS`` and ``file_metadata`` (README "Token telemetry").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from sharpgrpo.training.losses import PPO_CLIP_LOSS_TYPES, token_loss_shares
+
+SCHEMA_VERSION = 1
+METADATA_KEY = "sharpgrpo.telemetry"
+FOLDER = "telemetry"
+ROW_KEYS = ("telemetry_row", "telemetry_trl_advantage", "telemetry_rewards", "telemetry_stages")
+
+# Every fixed column: name -> what it holds. Columns per strategy or reward function follow the patterns at the end.
+COLUMNS: dict[str, str] = {
+    "step": "optimizer step whose loss used the row (1-based, as logged)",
+    "micro_batch": "index of the micro-batch within the step (gradient accumulation), on its process",
+    "process": "process that computed the row's loss",
+    "row": "completion's index in the generation batch, global order over processes",
+    "prompt_index": "prompt's index in the generation batch (row // num_generations)",
+    "completion_index": "completion's index within its group (row % num_generations)",
+    "group_id": "group (prompt) id, unique over the run",
+    "position": "token position t in the completion (0-based)",
+    "token_id": "sampled token id",
+    "token": "the token's decoded piece (tokenizer.decode([token_id]))",
+    "prompt": "the prompt (chat messages as JSON)",
+    "mask": "loss mask: 1 when the token enters the loss (completion mask times tool mask)",
+    "old_logp": "log-p of the token under the policy in the ratio's denominator (the loss's own detached log-p "
+    "on-policy)",
+    "sampling_logp": "log-p under the sampling engine (vLLM's when TRL reads it), else old_logp",
+    "logp": "log-p of the token under the policy being trained (temperature-scaled, as in the loss)",
+    "ratio": "importance ratio exp(logp - old_logp) at TRL's importance_sampling_level (unweighted)",
+    "surrogate_ratio": "the ratio the surrogate saw: w * ratio under weight_placement=ratio, else ratio",
+    "clip_low": "the low clip bound is active: surrogate_ratio < 1 - epsilon_low and A < 0 (PPO-clip loss types)",
+    "clip_high": "the high clip bound is active: surrogate_ratio > 1 + epsilon_high and A > 0 (PPO-clip loss types; "
+    "cispo: ratio > epsilon_high and A > 0)",
+    "is_weight": "vLLM importance-sampling weight multiplying the token's loss (null without vLLM correction)",
+    "entropy": "entropy of the policy's token distribution at the position",
+    "entropy_mask": "1 when TRL's top-entropy mask keeps the token (all 1 without top_entropy_quantile < 1)",
+    "off_policy_mask": "TRL's off-policy mask (null without off_policy_mask_threshold)",
+    "weight": "product of the weight strategies' weights w (1 without a weight strategy)",
+    "advantage_trl": "TRL's group-normalised sequence advantage A[i] (before any advantage strategy)",
+    "advantage": "the token advantage A[i,t] the loss used",
+    "kl": "the per-token KL term as it entered the loss before beta (weighted per kl_weighting; null at beta=0)",
+    "token_loss": "per-token loss before aggregation (surrogate, masks, IS weight, plus beta * kl)",
+    "loss_share": "the aggregation's factor over the number of processes: a micro-batch's loss on its process is "
+    "num_processes * sum(token_loss * loss_share)",
+    "loss_contribution": "token_loss * loss_share: the token's share of the step's logged loss (the mean over "
+    "processes; entropy bonus and aux loss excluded)",
+    "reward": "the completion's total (weighted) reward",
+}
+PATTERN_COLUMNS = {
+    "weight/<strategy>": "the weight of each configured weight strategy",
+    "advantage/<strategy>": "the token advantage after each advantage strategy, in the configured order",
+    "reward/<function>": "the completion's reward from each reward function (null where it skipped the row)",
+}
+# Columns every telemetry file has (the reader refuses a file without them).
+REQUIRED = ("step", "row", "prompt_index", "completion_index", "group_id", "position", "token_id", "token", "mask",
+            "logp", "ratio", "weight", "advantage", "token_loss", "loss_contribution")
+
+
+# The keyword tensors ``TelemetryRecorder.capture`` maps to the columns above; any other (B, T) or (B, 1) tensor it is
+# given becomes a column of its own name.
+CAPTURED = ("loss_type", "accumulation", "window_tokens", "mask", "old_logp", "sampling_logp", "logp", "ratio",
+            "surrogate_ratio", "entropy", "entropy_mask", "weight", "advantage", "token_loss", "off_policy_mask",
+            "is_weight", "kl")
+
+
+class TelemetryError(RuntimeError):
+    """The telemetry folder cannot be written (permissions, full disk): one line naming it and the config field."""
+
+    names_itself = True
+
+
+def telemetry_interval(args) -> int:
+    """Steps between telemetry files: ``telemetry_steps``, or the logging interval when 0 (1 for a fractional one)."""
+    if args.telemetry_steps:
+        return int(args.telemetry_steps)
+    steps = args.logging_steps
+    return int(steps) if steps >= 1 else 1
+
+
+def is_telemetry_step(step: int, args) -> bool:
+    """Whether optimizer step ``step`` (1-based) writes a file: every interval, and step 1 with logging_first_step."""
+    return step % telemetry_interval(args) == 0 or (step == 1 and bool(args.logging_first_step))
+
+
+def sequence_means(token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-completion mean of (B, T) values over ``mask`` (B, T) -> (B,); a (B, 1) input is returned as (B,)."""
+    if token_values.shape[1] == 1:
+        return token_values[:, 0]
+    mask = mask.to(token_values.dtype)
+    return (token_values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def attach_generation(output: dict[str, Any], *, process_index: int, rewards_per_func: torch.Tensor | None,
+                      trl_advantages: torch.Tensor, stages: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """``output`` plus the rows' generation-time telemetry, as tensors with a leading row dimension so that they
+    follow the rows through TRL's shuffling and splitting: ``telemetry_row`` (B,) the global row index,
+    ``telemetry_trl_advantage`` (B,) TRL's sequence advantage, ``telemetry_rewards`` (B, F) (``rewards_per_func`` is
+    TRL's gathered (B_global, F)), ``telemetry_stages`` (B, S, T) the token advantage after each advantage strategy
+    (local rows of each stage)."""
+    ids = output["completion_ids"]
+    rows, length = ids.shape
+    start = process_index * rows
+    extra = {
+        "telemetry_row": torch.arange(start, start + rows, device=ids.device),
+        "telemetry_trl_advantage": trl_advantages.detach().float().reshape(rows),
+    }
+    if rewards_per_func is not None:
+        extra["telemetry_rewards"] = rewards_per_func[start : start + rows].detach().float().to(ids.device)
+    if stages:
+        extra["telemetry_stages"] = torch.stack([s.detach().float() for s in stages], dim=1)[..., :length]
+    return {**output, **extra}
+
+
+def _numpy(tensor: torch.Tensor, shape: tuple[int, int]) -> np.ndarray:
+    return tensor.detach().float().expand(shape).cpu().numpy()
+
+
+def clip_flags(loss_type: str, surrogate_ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float,
+               epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) bools where the clip bound is active, TRL 1.16's definitions (``clip_ratio/*``,
+    ``cispo_clip_ratio``) on the ratio the surrogate saw; all False for surrogates without a clip."""
+    r, a = surrogate_ratio.detach(), advantages.detach()
+    none = torch.zeros(torch.broadcast_shapes(r.shape, a.shape), dtype=torch.bool, device=r.device)
+    if loss_type in PPO_CLIP_LOSS_TYPES:
+        return (r < 1 - epsilon_low) & (a < 0), (r > 1 + epsilon_high) & (a > 0)
+    if loss_type == "cispo":
+        return none, (r > epsilon_high) & (a > 0)
+    return none, none
+
+
+class TelemetryRecorder:
+    """Collects one telemetry step's rows on each process and writes them as one file (the main process)."""
+
+    def __init__(self, args, accelerator, tokenizer, *, reward_names: Sequence[str], weight_names: Sequence[str],
+                 stage_names: Sequence[str], folded_name: str | None, num_generations: int,
+                 epsilon_low: float, epsilon_high: float):
+        self.args, self.accelerator, self.tokenizer = args, accelerator, tokenizer
+        self.epsilon_low, self.epsilon_high = epsilon_low, epsilon_high
+        self.reward_names, self.weight_names = list(reward_names), list(weight_names)
+        self.stage_names, self.folded_name = list(stage_names), folded_name
+        self.num_generations = num_generations
+        self.folder = Path(args.output_dir) / FOLDER
+        self.prompts: dict[int, str] = {}  # this process's rows of the current generation batch: global row -> prompt
+        self.chunks: list[dict[str, np.ndarray]] = []
+        self._pieces: dict[int, str] = {}
+        self._micro_batch, self._step = 0, None
+
+    # --- generation ----------------------------------------------------------------------------------------------
+    def remember_prompts(self, inputs: Sequence[dict[str, Any]], process_index: int) -> None:
+        """The prompts of this process's rows (TRL's ``inputs``: one row per completion, in local order)."""
+        start = process_index * len(inputs)
+        self.prompts = {start + i: _prompt_text(row.get("prompt")) for i, row in enumerate(inputs)}
+
+    # --- loss ----------------------------------------------------------------------------------------------------
+    def capture(self, step: int, inputs: dict[str, Any], **tensors) -> None:
+        """Keep one micro-batch's loss tensors (detached, on the CPU) when ``step`` is a telemetry step.
+
+        ``tensors``: ``mask``, ``old_logp``, ``logp``, ``ratio``, ``surrogate_ratio``, ``advantage``, ``token_loss``
+        (B, T) or (B, 1); optional ``sampling_logp``, ``entropy``, ``entropy_mask``, ``off_policy_mask``,
+        ``is_weight``, ``weight``, ``kl`` (None: not used by this loss); scalars ``accumulation``, ``window_tokens``,
+        ``loss_type``; any other (B, T) or (B, 1) tensor becomes a column of its own name. ``inputs`` carries the
+        rows' ``telemetry_*`` tensors and ids."""
+        if not is_telemetry_step(step, self.args) or "telemetry_row" not in inputs:
+            return
+        if self._step != step:  # a new telemetry step: what an earlier step left (it wrote its file) goes
+            self.chunks, self._micro_batch, self._step = [], 0, step
+        mask = tensors["mask"]
+        shape = tuple(mask.shape)
+        keep = inputs["completion_mask"].detach().bool().cpu().numpy()  # real completion tokens, no padding
+        b_index, t_index = np.nonzero(keep)
+
+        def column(value, fill=np.nan):
+            if value is None:
+                return np.full(len(b_index), fill, dtype=np.float32)
+            return _numpy(value, shape)[b_index, t_index]
+
+        advantages = tensors["advantage"]
+        epsilon_low, epsilon_high = (  # a loss strategy's per-token clip range (Archer, ...), else the config's
+            default if tensors.get(name) is None else tensors[name]
+            for name, default in (("epsilon_low", self.epsilon_low), ("epsilon_high", self.epsilon_high))
+        )
+        low, high = clip_flags(tensors["loss_type"], tensors["surrogate_ratio"], advantages, epsilon_low, epsilon_high)
+        shares = token_loss_shares(mask, tensors["loss_type"], accumulation_steps=tensors["accumulation"],
+                                   window_tokens=tensors.get("window_tokens"),
+                                   max_completion_length=self.args.max_completion_length)
+        shares = shares / self.accelerator.num_processes  # the logged loss is the mean of the processes' losses
+        token_loss = tensors["token_loss"]
+        rows = inputs["telemetry_row"].cpu().numpy()
+        chunk = {
+            "step": np.full(len(b_index), step, dtype=np.int64),
+            "micro_batch": np.full(len(b_index), self._micro_batch, dtype=np.int32),
+            "process": np.full(len(b_index), self.accelerator.process_index, dtype=np.int32),
+            "row": rows[b_index].astype(np.int64),
+            "group_id": inputs["group_ids"].cpu().numpy()[b_index].astype(np.int64),
+            "position": t_index.astype(np.int32),
+            "token_id": inputs["completion_ids"].cpu().numpy()[b_index, t_index].astype(np.int64),
+            "mask": column(mask).astype(np.int8),
+            "old_logp": column(tensors["old_logp"]),
+            "sampling_logp": column(tensors["old_logp"] if tensors.get("sampling_logp") is None
+                                    else tensors["sampling_logp"]),
+            "logp": column(tensors["logp"]),
+            "ratio": column(tensors["ratio"]),
+            "surrogate_ratio": column(tensors["surrogate_ratio"]),
+            "clip_low": _numpy(low, shape)[b_index, t_index].astype(bool),
+            "clip_high": _numpy(high, shape)[b_index, t_index].astype(bool),
+            "is_weight": column(tensors.get("is_weight")),
+            "entropy": column(tensors.get("entropy")),
+            "entropy_mask": column(tensors.get("entropy_mask"), fill=1.0).astype(np.int8),
+            "off_policy_mask": column(tensors.get("off_policy_mask")),
+            "weight": column(tensors.get("weight"), fill=1.0),
+            "advantage_trl": inputs["telemetry_trl_advantage"].cpu().numpy()[b_index],
+            "advantage": column(advantages),
+            "kl": column(tensors.get("kl")),
+            "token_loss": column(token_loss),
+            "loss_share": column(shares),
+            "loss_contribution": column(token_loss.detach() * shares),
+        }
+        for name in self.weight_names:  # one weight strategy at most today: its weight is the product
+            chunk[f"weight/{name}"] = chunk["weight"]
+        stages = inputs.get("telemetry_stages")
+        for s, name in enumerate(self.stage_names):
+            chunk[f"advantage/{name}"] = _numpy(stages[:, s], shape)[b_index, t_index]
+        if self.folded_name is not None:
+            chunk[f"advantage/{self.folded_name}"] = chunk["advantage"]
+        rewards = inputs.get("telemetry_rewards")
+        if rewards is not None:
+            values = rewards.cpu().numpy()[b_index]
+            for f, name in enumerate(self.reward_names):
+                chunk[f"reward/{name}"] = values[:, f]
+            weights = np.asarray(self.args.reward_weights or [1.0] * len(self.reward_names), dtype=np.float64)
+            chunk["reward"] = np.nansum(values * weights, axis=1).astype(np.float32)
+        for name, value in tensors.items():  # any other per-token tensor handed in (e.g. a loss-side strategy's)
+            if name not in CAPTURED and torch.is_tensor(value) and value.dim() == 2:
+                chunk[name] = column(value)
+        chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
+        self.chunks.append(chunk)
+        self._micro_batch += 1
+
+    # --- step end ------------------------------------------------------------------------------------------------
+    def check_folder(self) -> None:
+        """Create the telemetry folder and write a probe file there; a failure stops the run before training."""
+        if not self.accelerator.is_main_process:
+            return
+        probe = self.folder / ".write_probe"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"\0" * 4096)
+            probe.unlink()
+        except OSError as error:
+            raise TelemetryError(
+                f"token_telemetry: cannot write to {self.folder} ({error.strerror or error}); make it writable, free "
+                "space, or set token_telemetry: false"
+            ) from None
+
+    def flush(self, step: int) -> Path | None:
+        """Gather this step's rows from every process and write them (main process). Returns the file written."""
+        if not is_telemetry_step(step, self.args):
+            return None
+        local = self.chunks if self._step == step else []
+        self.chunks, self._micro_batch, self._step = [], 0, None
+        merged = _concatenate(local)
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            merged = _concatenate([m for m in gather_object([merged]) if m])
+        if not self.accelerator.is_main_process or not merged:
+            return None
+        merged = _global_order(merged)
+        merged["prompt_index"] = merged["row"] // self.num_generations
+        merged["completion_index"] = merged["row"] % self.num_generations
+        merged["token"] = np.array([self._piece(int(i)) for i in merged["token_id"]], dtype=object)
+        return self.write(step, merged)
+
+    def _piece(self, token_id: int) -> str:
+        if token_id not in self._pieces:
+            self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self._pieces[token_id]
+
+    def write(self, step: int, columns: dict[str, np.ndarray]) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        order = [c for c in COLUMNS if c in columns] + sorted(c for c in columns if c not in COLUMNS)
+        table = pa.table({name: columns[name] for name in order})
+        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(file_metadata(self.args, step, order))})
+        path = self.folder / f"telemetry_{step:06d}.parquet"
+        partial = path.with_suffix(".parquet.partial")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(partial, "wb") as file:  # closed on a failed write too
+                pq.write_table(table, file, compression="zstd")
+            os.replace(partial, path)  # a file under its final name is complete
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise TelemetryError(
+                f"token_telemetry: writing {path} failed at step {step} ({error.strerror or error}); the last "
+                "checkpoint is kept; free space or set token_telemetry: false"
+            ) from None
+        return path
+
+
+def file_metadata(args, step: int, columns: Sequence[str]) -> dict[str, Any]:
+    """What the file's schema metadata says (key ``METADATA_KEY``): version, step, the run's settings, columns."""
+    return {
+        "version": SCHEMA_VERSION,
+        "step": step,
+        "strategies": list(args.strategies),
+        "loss_type": args.loss_type,
+        "weight_placement": args.weight_placement,
+        "importance_sampling_level": args.importance_sampling_level,
+        "epsilon_low": args.epsilon,
+        "epsilon_high": args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+        "beta": args.beta,
+        "temperature": args.temperature,
+        "num_generations": args.num_generations,
+        "seed": args.seed,
+        "output_dir": Path(args.output_dir).name,
+        "columns": {name: COLUMNS.get(name) or _pattern_help(name) for name in columns},
+    }
+
+
+def _pattern_help(name: str) -> str:
+    prefix = name.split("/", 1)[0]
+    return next((text for pattern, text in PATTERN_COLUMNS.items() if pattern.startswith(prefix + "/")), "")
+
+
+def _prompt_text(prompt: Any) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, default=str)
+
+
+def _concatenate(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if not chunks:
+        return {}
+    names = list(dict.fromkeys(name for chunk in chunks for name in chunk))
+    size = [len(chunk["row"]) for chunk in chunks]
+    return {
+        name: np.concatenate([c[name] if name in c else np.full(n, np.nan, dtype=np.float32)
+                              for c, n in zip(chunks, size, strict=True)])
+        for name in names
+    }
+
+
+def _global_order(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows sorted by (row, position); a token captured twice in a step (a probe's extra loss before the training
+    loss, `sharpgrpo.diagnostics.sharpness`) keeps its last capture."""
+    n = len(columns["row"])
+    order = np.lexsort((-np.arange(n), columns["position"], columns["row"]))  # last capture first among equals
+    keys = np.stack([columns["row"][order], columns["position"][order]], axis=1)
+    first = np.ones(n, dtype=bool)
+    first[1:] = np.any(keys[1:] != keys[:-1], axis=1)
+    order = order[first]
+    return {name: values[order] for name, values in columns.items()}
+
+
+def replace_logged_advantages(logs: dict[str, Any], trained: torch.Tensor | None, trl: torch.Tensor | None,
+                               size: int) -> None:
+    """Make TRL's completion log (``trainer._logs``, read by ``log_completions`` and the saved completions) show the
+    advantage trained on: the last ``size`` entries of ``advantages`` (the generation batch, global order) become
+    ``trained`` (B,), each completion's mean token advantage; TRL's sequence advantage ``trl`` (B,) goes to the extra
+    column ``trl_advantage``. ``trained=None`` keeps TRL's values (a strategy folded into the loss replaces them
+    there: ``replace_folded_advantages``)."""
+    logged = logs["advantages"]
+    if trl is None:
+        trl_values = list(logged)[-size:]
+    else:
+        trl_values = trl.detach().float().cpu().tolist()
+    if trained is not None:
+        for _ in range(min(size, len(logged))):
+            logged.pop()
+        logged.extend(trained.detach().float().cpu().tolist())
+    logs["extra"]["trl_advantage"].extend(trl_values)
+
+
+def replace_folded_advantages(logs: dict[str, Any], accelerator, inputs: dict[str, Any], advantages: torch.Tensor,
+                              mask: torch.Tensor, generation_batch_size: int, num_generations: int) -> None:
+    """For a strategy folded into the loss (AR on-policy): the micro-batch's rows of the completion log get their
+    mean token advantage as the loss used it. Rows are found by their group tags (``tag_groups``): global row =
+    (group id mod groups per batch) x G + index in the group. Gathers over processes (every process calls it)."""
+    means = sequence_means(advantages.detach().float(), mask)
+    rows = (inputs["group_ids"] % (generation_batch_size // num_generations)) * num_generations + inputs["group_index"]
+    if accelerator.num_processes > 1:
+        means, rows = accelerator.gather(means.contiguous()), accelerator.gather(rows.contiguous())
+    logged = logs["advantages"]
+    offset = len(logged) - generation_batch_size
+    if offset < 0:
+        return
+    for row, mean in zip(rows.tolist(), means.tolist(), strict=True):
+        logged[offset + row] = mean
+
+
+def telemetry_recorder(trainer) -> TelemetryRecorder:
+    """The recorder of ``trainer`` (a ``SharpGRPOTrainer`` with ``token_telemetry``), its callback installed."""
+    from sharpgrpo.strategies import STRATEGIES
+
+    names = {kind: [n for n in trainer.args.strategies if STRATEGIES.get(n).kind == kind]
+             for kind in ("weight", "advantage")}
+    folded = trainer._folded_strategy() is not None
+    advantage_names = names["advantage"]
+    recorder = TelemetryRecorder(
+        trainer.args, trainer.accelerator, trainer.processing_class, reward_names=trainer.reward_func_names,
+        weight_names=names["weight"], stage_names=advantage_names[:-1] if folded else advantage_names,
+        folded_name=advantage_names[-1] if folded else None, num_generations=trainer.num_generations,
+        epsilon_low=trainer.epsilon_low, epsilon_high=trainer.epsilon_high,
+    )
+    trainer.add_callback(TelemetryCallback(recorder))
+    return recorder
+
+
+class TelemetryCallback(TrainerCallback):
+    """Checks the folder before training and writes each telemetry step's file at the step's end."""
+
+    def __init__(self, recorder: TelemetryRecorder):
+        self.recorder = recorder
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.recorder.check_folder()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.recorder.flush(state.global_step)
+        return control
