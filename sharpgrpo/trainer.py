@@ -42,6 +42,7 @@ from sharpgrpo.training.advantage_pipeline import (
 )
 from sharpgrpo.training.entropy_bonus import entropy_bonus
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
+from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
 from sharpgrpo.training.losses import (
     PPO_CLIP_LOSS_TYPES,
@@ -87,7 +88,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
+        check_launch_request(args)  # FSDP asked for on the CPU: refused before accelerate builds something else
         super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
+        check_launch(self.accelerator, args)  # FSDP/DeepSpeed/processes as the launcher asked, in one line
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:
