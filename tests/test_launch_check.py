@@ -85,3 +85,12 @@ def test_trainer_refuses_fsdp_on_the_cpu_before_loading(tiny_model_path, tmp_pat
     monkeypatch.setenv("FSDP_VERSION", "2")
     with pytest.raises(ConfigError, match="asks for FSDP .* but use_cpu is true"):
         make_trainer(tiny_model_path, cpu_config(tmp_path, per_device_train_batch_size=8, num_generations=4))
+
+
+def test_sharded_parameters_rule_out_the_sharpness_probe():
+    from sharpgrpo.training.launch_check import sharded_parameters
+
+    assert sharded_parameters("FSDP") == "FSDP"
+    assert sharded_parameters("DEEPSPEED", 3) == "DeepSpeed ZeRO-3"
+    assert sharded_parameters("DEEPSPEED", 2) is None  # ZeRO-2 keeps whole parameters on every process
+    assert sharded_parameters("MULTI_CPU") is None

@@ -141,7 +141,8 @@ def check_launch(accelerator, args, env: Mapping[str, str] | None = None,
     problem = launch_mismatch(request, distributed_type, accelerator.num_processes, config_name)
     if problem:
         raise ConfigError(f"launch: {problem}.")
-    sharded = sharded_parameters(accelerator)
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    sharded = sharded_parameters(distributed_type, getattr(plugin, "zero_stage", None))
     if sharded and getattr(args, "sharpness_probe_steps", 0):
         raise ConfigError(
             f"sharpness_probe_steps={args.sharpness_probe_steps}: the sharpness probe perturbs every parameter in "
@@ -149,13 +150,11 @@ def check_launch(accelerator, args, env: Mapping[str, str] | None = None,
         )
 
 
-def sharded_parameters(accelerator) -> str | None:
-    """"DeepSpeed ZeRO-3" or "FSDP" when the accelerator shards parameters across processes, else None."""
-    distributed_type = str(accelerator.distributed_type).split(".")[-1]
+def sharded_parameters(distributed_type: str, zero_stage: int | None = None) -> str | None:
+    """"DeepSpeed ZeRO-3" or "FSDP" when accelerate's ``distributed_type`` (with DeepSpeed's ``zero_stage``) shards
+    parameters across processes, else None."""
     if distributed_type == "FSDP":
         return "FSDP"
-    if distributed_type == "DEEPSPEED":
-        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-        if plugin is not None and plugin.zero_stage == 3:
-            return "DeepSpeed ZeRO-3"
+    if distributed_type == "DEEPSPEED" and zero_stage == 3:
+        return "DeepSpeed ZeRO-3"
     return None

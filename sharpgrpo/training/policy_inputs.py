@@ -36,20 +36,57 @@ def causal_lm(accelerator, model):
 def completion_hidden_states(lm, output: dict[str, Any], rows_per_chunk: int) -> torch.Tensor:
     """(B, T, H) last-layer hidden states at the positions that predict each completion token.
 
-    TRL's forward returns neither hidden states nor full logits, so the backbone runs here (no gradient, in chunks
-    of ``rows_per_chunk`` rows).
+    TRL's forward returns neither hidden states nor full logits, so the model runs here (no gradient, in chunks of
+    ``rows_per_chunk`` rows). It runs as a whole (``lm(...)`` with ``logits_to_keep=1``: one (rows, 1, V) logit
+    block) and the backbone's output is read by a forward hook, rather than calling the backbone alone: under FSDP2
+    the parameters that the root unit owns (embeddings, final norm) are gathered by the root's forward only, and a
+    backbone called alone meets them as shards (``aten.mm got mixed torch.Tensor and DTensor``). Under DeepSpeed
+    ZeRO-3 every module gathers its own parameters either way.
     """
     backbone = getattr(lm, lm.base_model_prefix)
     input_ids, attention_mask = prompt_completion(output)
     length = output["completion_ids"].size(1)
-    chunks = []
-    for start in range(0, input_ids.size(0), rows_per_chunk):
-        hidden = backbone(
-            input_ids=input_ids[start : start + rows_per_chunk],
-            attention_mask=attention_mask[start : start + rows_per_chunk],
-        ).last_hidden_state
-        chunks.append(hidden[:, -length - 1 : -1])
+    chunks: list[torch.Tensor] = []
+
+    def keep(module, args, out):
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        chunks.append(hidden[:, -length - 1 : -1].detach())
+
+    handle = backbone.register_forward_hook(keep)
+    try:
+        for start in range(0, input_ids.size(0), rows_per_chunk):
+            lm(input_ids=input_ids[start : start + rows_per_chunk],
+               attention_mask=attention_mask[start : start + rows_per_chunk], logits_to_keep=1, use_cache=False)
+    finally:
+        handle.remove()
     return torch.cat(chunks, dim=0)
+
+
+def gathered_parameter(parameter: torch.Tensor | None, expected_numel: int | None = None) -> torch.Tensor | None:
+    """The whole value of a parameter that FSDP2 may have sharded: a DTensor is gathered with ``full_tensor()`` (a
+    collective: every process must call it); anything else is returned as is. With ``expected_numel`` the result's
+    element count is checked: a DTensor's ``.shape`` names the full size while it holds a shard, so only the count
+    of elements held says the value is whole."""
+    if parameter is None:
+        return None
+    value = parameter.detach()
+    if hasattr(value, "full_tensor"):  # torch.distributed.tensor.DTensor (FSDP2's fully_shard, tensor parallel)
+        value = value.full_tensor()
+    if expected_numel is not None and value.numel() != expected_numel:
+        raise RuntimeError(
+            f"the LM head holds {value.numel()} of its {expected_numel} elements on this process (a sharded or "
+            "partitioned parameter that was not gathered)"
+        )
+    return value
+
+
+def _head_numels(head) -> tuple[int | None, int | None]:
+    """Element counts of the whole LM head's weight and bias, from the module's own sizes (``nn.Linear``'s
+    ``out_features`` x ``in_features``), which sharding does not change; (None, None) for another head."""
+    out_features, in_features = getattr(head, "out_features", None), getattr(head, "in_features", None)
+    if out_features is None or in_features is None:
+        return None, None
+    return out_features * in_features, out_features
 
 
 @contextlib.contextmanager
@@ -57,20 +94,24 @@ def full_unembedding(lm, zero3: bool, needed: bool = True):
     """Yield the LM head's (weight (V, H), bias (V,) or None), whole for the duration of the block.
 
     Under DeepSpeed ZeRO-3 (``zero3``) a parameter outside its module's forward is an empty placeholder (shape
-    (0,)), so the head is gathered (read-only) on every process; all processes must enter the block together.
+    (0,)), so the head is gathered (read-only) on every process; under FSDP2 (the head a ``fully_shard`` unit of its
+    own) it is a DTensor holding a row shard while its ``.shape`` says (V, H), and is gathered with
+    ``full_tensor()``. Either way the yielded weight is checked to hold V x H elements. All processes must enter
+    the block together.
     """
     if not needed:
         yield None, None
         return
     head = lm.get_output_embeddings()
     weight, bias = head.weight, getattr(head, "bias", None)
+    weight_numel, bias_numel = _head_numels(head)
     if zero3:
         import deepspeed
 
         with deepspeed.zero.GatheredParameters([p for p in (weight, bias) if p is not None], modifier_rank=None):
-            yield weight, bias
+            yield gathered_parameter(weight, weight_numel), gathered_parameter(bias, bias_numel)
     else:
-        yield weight, bias
+        yield gathered_parameter(weight, weight_numel), gathered_parameter(bias, bias_numel)
 
 
 def strategy_old_logps(
