@@ -56,6 +56,7 @@ from sharpgrpo.training.losses import (
 from sharpgrpo.training.model_card import strategy_card_section, trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
 from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.training.rank_agreement import RankFailures
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
 
@@ -89,7 +90,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
         check_launch_request(args)  # FSDP asked for on the CPU: refused before accelerate builds something else
-        super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
+        self._rank_failures = RankFailures()  # a reward error on one process: all stop together (rank_agreement)
+        super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs)), args, **kwargs)
+        self._rank_failures.active = self.accelerator.num_processes > 1
         check_launch(self.accelerator, args)  # FSDP/DeepSpeed/processes as the launcher asked, in one line
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
@@ -121,6 +124,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rank_failures.agree(self.accelerator)  # one all-reduce: a process whose reward raised stops them all
         self._generation.rewards_per_func = rewards_per_func  # gathered over all processes, global row order
         if any(s.needs_correctness for s in self.advantage_strategies):
             columns = {key: [example[key] for example in inputs] for key in inputs[0]
