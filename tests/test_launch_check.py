@@ -45,14 +45,16 @@ def test_what_was_asked_is_accepted():
 @pytest.mark.parametrize(
     ("env", "built", "processes", "expected"),
     [
-        (FSDP2, "MULTI_CPU", 2, ["configs/accelerate/fsdp2.yaml", "FSDP (fsdp_version 2)", "MULTI_CPU with 2 processes"]),
+        (FSDP2, "MULTI_CPU", 2,
+         ["configs/accelerate/fsdp2.yaml", "FSDP (fsdp_version 2)", "MULTI_CPU with 2 processes"]),
         (FSDP2, "MULTI_GPU", 2, ["FSDP", "MULTI_GPU with 2 processes"]),
         (ZERO3, "MULTI_CPU", 2, ["DeepSpeed ZeRO-3", "MULTI_CPU with 2 processes"]),
         ({"WORLD_SIZE": "2"}, "NO", 1, ["launched 2 processes but each sees 1", "NO with 1 process", "use_cpu"]),
     ],
 )
 def test_something_else_built_is_one_line_naming_config_and_build(env, built, processes, expected):
-    message = launch_mismatch(requested_launch(env), built, processes, "the accelerate config configs/accelerate/fsdp2.yaml")
+    name = "the accelerate config configs/accelerate/fsdp2.yaml"
+    message = launch_mismatch(requested_launch(env), built, processes, name)
     assert message is not None and "\n" not in message
     for part in expected:
         assert part in message
@@ -69,8 +71,9 @@ def test_config_file_read_from_the_launcher_command_line():
 def test_fsdp_on_the_cpu_refused_before_accelerate_starts(tmp_path):
     args = cpu_config(tmp_path)
     launcher = ["accelerate", "launch", "--config_file", "configs/accelerate/fsdp2.yaml", "train.py"]
-    with pytest.raises(ConfigError, match=r"^launch: the accelerate config configs/accelerate/fsdp2.yaml asks for FSDP "
-                                          r"\(fsdp_version 2\) but use_cpu is true"):
+    expected = (r"^launch: the accelerate config configs/accelerate/fsdp2.yaml asks for FSDP \(fsdp_version 2\) but "
+                r"use_cpu is true")
+    with pytest.raises(ConfigError, match=expected):
         check_launch_request(args, FSDP2, launcher)
     args.use_cpu = False
     with pytest.raises(ConfigError, match="this machine has no GPU"):

@@ -115,8 +115,8 @@ def check_launch_request(args, env: Mapping[str, str] | None = None, parent_cmdl
     if getattr(args, "use_cpu", False) or not accelerator_available:
         where = "use_cpu is true" if getattr(args, "use_cpu", False) else "this machine has no GPU"
         raise ConfigError(
-            f"launch: {_config_name(parent_cmdline)} asks for {request.detail} but {where}, and accelerate builds FSDP "
-            "on GPUs only (on the CPU it would train plain data parallel with the whole model in every process); "
+            f"launch: {_config_name(parent_cmdline)} asks for {request.detail} but {where}, and accelerate builds "
+            "FSDP on GPUs only (on the CPU it would train plain data parallel with the whole model in every process); "
             "launch on GPUs, or use configs/accelerate/multi_gpu.yaml for data parallel."
         )
 

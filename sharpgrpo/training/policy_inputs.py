@@ -49,8 +49,9 @@ def completion_hidden_states(lm, output: dict[str, Any], rows_per_chunk: int) ->
     chunks: list[torch.Tensor] = []
 
     def keep(module, args, out):
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        chunks.append(hidden[:, -length - 1 : -1].detach())
+        if not torch.is_tensor(out):
+            out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        chunks.append(out[:, -length - 1 : -1].detach())
 
     handle = backbone.register_forward_hook(keep)
     try:
@@ -122,22 +123,74 @@ def strategy_old_logps(
     forward_logps: Callable[[dict[str, Any]], torch.Tensor],
     temperature: float,
     rows_per_chunk: int,
+    backend_logps_usable: bool = True,
 ) -> torch.Tensor | None:
     """The sampling policy's log-probabilities (B, T) for strategies that set ``needs_old_logps``, from the
-    cheapest source (module docstring); ``forward_logps(output)`` is the fallback forward."""
+    cheapest source (module docstring); ``forward_logps(output)`` is the fallback forward. vLLM's own
+    ``sampling_per_token_logps`` are used only where ``backend_logps_usable`` (see :func:`vllm_logps_problem`)."""
     old_logps = output.get("old_per_token_logps")
     if old_logps is not None:
         return old_logps
     sampling = output.get("sampling_per_token_logps")  # vLLM's own log-probabilities
     if "logps" in captured:
         return captured["logps"]
-    if sampling is not None and not bool(torch.isnan(sampling).any()):
+    if backend_logps_usable and sampling is not None and not bool(torch.isnan(sampling).any()):
         return sampling
     if hidden_states is not None:  # the backbone forward THR ran serves the log-probabilities too
         with unembedding() as (weight, bias):
             return logps_from_hidden_states(hidden_states, output["completion_ids"], weight, bias, temperature,
                                             rows_per_chunk)
     return forward_logps(output)
+
+
+def sampling_truncation(top_p: float | None, top_k: int | None, min_p: float | None,
+                        generation_kwargs: dict | None = None) -> str | None:
+    """The truncation of the sampling distribution ("top_p=0.9, top_k=20"), or None when sampling is from the whole
+    temperature-scaled distribution. ``generation_kwargs`` (passed to vLLM's ``SamplingParams``) override the fields;
+    ``top_k`` 0 or -1 and ``min_p`` 0 mean off, as in TRL and vLLM."""
+    kwargs = dict(generation_kwargs or {})
+    top_p, top_k, min_p = kwargs.get("top_p", top_p), kwargs.get("top_k", top_k), kwargs.get("min_p", min_p)
+    parts = []
+    if top_p is not None and float(top_p) < 1.0:
+        parts.append(f"top_p={top_p}")
+    if top_k is not None and int(top_k) > 0:
+        parts.append(f"top_k={top_k}")
+    if min_p is not None and float(min_p) > 0.0:
+        parts.append(f"min_p={min_p}")
+    return ", ".join(parts) or None
+
+
+def vllm_logps_problem(vllm_mode: str | None, truncation: str | None) -> str | None:
+    """Why vLLM's per-token log-probabilities (TRL's ``sampling_per_token_logps``) are not the policy's own, or None.
+
+    TRL 1.16 starts its colocated engine with ``logprobs_mode="processed_logprobs"``
+    (trl/generation/vllm_generation.py, line 361 of the installed trl 1.16.0):
+    log-probabilities after temperature *and* after top-p/top-k/min-p truncation and renormalisation, so with a
+    truncation they are those of another distribution (trl#6789). A vLLM server reports in whatever
+    ``--logprobs-mode`` it was started with (vLLM's default, ``raw_logprobs``, is before the temperature), which
+    TRL checks only with the importance-sampling correction on."""
+    if truncation:
+        return f"vLLM's log-probabilities are of the {truncation}-truncated, renormalised distribution"
+    if vllm_mode == "server":
+        return "a vLLM server's log-probabilities depend on its --logprobs-mode, which the trainer cannot see"
+    return None
+
+
+def old_logps_source(use_vllm: bool, vllm_mode: str | None, trl_computes_old_logps: bool,
+                     truncation: str | None, generation_capture: bool) -> str:
+    """One sentence naming where the strategies' old (sampling) log-probabilities come from (docs/methods.md §10)."""
+    if trl_computes_old_logps:
+        return ("TRL's old_per_token_logps: the policy's own log-probabilities, recomputed by a forward at generation "
+                "(off-policy steps or vLLM importance-sampling correction)")
+    if use_vllm:
+        problem = vllm_logps_problem(vllm_mode, truncation)
+        if problem is None:
+            return ("vLLM's own per-token log-probabilities (colocate, processed_logprobs: temperature-scaled, "
+                    "untruncated)")
+        return f"the policy's own log-probabilities, recomputed by a no-grad forward ({problem}, so they are not used)"
+    if generation_capture:
+        return "read from transformers' decoding steps (log softmax(raw logits / T) at the sampled token)"
+    return "the policy's own log-probabilities, recomputed by a no-grad forward"
 
 
 @dataclass
@@ -150,6 +203,7 @@ class Policy:
         temperature: the sampling temperature (log-probabilities are of the temperature-scaled distribution).
         rows_per_chunk: rows per no-grad forward.
         forward_logps: ``output -> (B, T)`` the trainer's own log-probability forward, the last fallback.
+        backend_logps_usable: vLLM's own sampling log-probabilities are the policy's (:func:`vllm_logps_problem`).
     """
 
     lm: Any
@@ -157,6 +211,7 @@ class Policy:
     temperature: float
     rows_per_chunk: int
     forward_logps: Callable[[dict[str, Any]], torch.Tensor]
+    backend_logps_usable: bool = True
 
     def unembedding(self, needed: bool = True):
         return full_unembedding(self.lm, self.zero3, needed)
@@ -172,5 +227,5 @@ class Policy:
         old_logps = output.get("old_per_token_logps")
         if old_logps is None and needs_old_logps:  # TRL skips them on-policy
             old_logps = strategy_old_logps(output, captured, hidden_states, self.unembedding, self.forward_logps,
-                                           self.temperature, self.rows_per_chunk)
+                                           self.temperature, self.rows_per_chunk, self.backend_logps_usable)
         return old_logps, hidden_states

@@ -154,7 +154,8 @@ def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, *
     expect_error = overrides.pop("expect_error", False)  # record the construction's error instead of training
     if expect_error:
         try:
-            make_trainer(model_path, build_config(output_dir, **overrides), train_dataset=64, trainer_class=trainer_class)
+            args = build_config(output_dir, **overrides)
+            make_trainer(model_path, args, train_dataset=64, trainer_class=trainer_class)
         except Exception as error:  # noqa: BLE001 - the test reads the type and message
             return {"error": f"{type(error).__name__}: {error}", "process_index": int(os.environ.get("RANK", 0))}
         return {"error": None, "process_index": int(os.environ.get("RANK", 0))}
