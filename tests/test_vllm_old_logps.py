@@ -77,8 +77,9 @@ def vllm_trainer(model_path, output_dir, top_k: int, importance_sampling: bool):
     trainer.model.train()
     # TRL's vLLM path, with the engine replaced (building the real one needs vLLM and a GPU)
     trainer.use_vllm, trainer.vllm_mode = True, "colocate"
+    trainer._last_loaded_step = -1  # what GRPOTrainer.__init__ sets beside the engine (grpo_trainer.py line 1140)
     trainer.vllm_generation = VLLMStandIn(trainer.model, trainer.temperature, top_k, trainer.max_completion_length,
-                                          trainer.eos_token_id)
+                                          trainer.eos_token_ids[0])
     return trainer
 
 
