@@ -100,7 +100,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
-        check_launch_request(args)  # FSDP asked for on the CPU: refused before accelerate builds something else
+        # FSDP asked for on the CPU (or FSDP1 with THR): refused before accelerate builds something else
+        head_readers = [name for name, cls in classes.items() if getattr(cls, "needs_hidden_states", False)]
+        check_launch_request(args, head_readers=head_readers)
         self._rank_failures = RankFailures()  # a reward error on one process: all stop together (rank_agreement)
         super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs)), args, **kwargs)
         self._rank_failures.active = self.accelerator.num_processes > 1

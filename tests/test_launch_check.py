@@ -97,3 +97,13 @@ def test_sharded_parameters_rule_out_the_sharpness_probe():
     assert sharded_parameters("DEEPSPEED", 3) == "DeepSpeed ZeRO-3"
     assert sharded_parameters("DEEPSPEED", 2) is None  # ZeRO-2 keeps whole parameters on every process
     assert sharded_parameters("MULTI_CPU") is None
+
+
+def test_fsdp1_refused_with_strategies_that_read_the_head(tmp_path):
+    fsdp1 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "WORLD_SIZE": "2"}
+    args = cpu_config(tmp_path)
+    args.use_cpu = False
+    with pytest.raises(ConfigError, match=r"^strategies=\['thr'\]: .* asks for FSDP1 \(fsdp_version 1\)"):
+        check_launch_request(args, fsdp1, [], accelerator_available=True, head_readers=["thr"])
+    check_launch_request(args, fsdp1, [], accelerator_available=True, head_readers=[])  # grpo_sg etc.: FSDP1 is fine
+    check_launch_request(args, FSDP2, [], accelerator_available=True, head_readers=["thr"])  # FSDP2 gathers the head

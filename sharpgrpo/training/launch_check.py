@@ -102,14 +102,22 @@ def _config_name(parent_cmdline: Sequence[str] | None) -> str:
 
 
 def check_launch_request(args, env: Mapping[str, str] | None = None, parent_cmdline: Sequence[str] | None = None,
-                         accelerator_available: bool | None = None) -> None:
+                         accelerator_available: bool | None = None, head_readers: Sequence[str] = ()) -> None:
     """Before accelerate is set up: refuse FSDP on the CPU (``use_cpu``, or no GPU), where accelerate builds plain
     data parallel or no process group, and some FSDP settings (FSDP1's ``sync_module_states``) crash in accelerate
-    with a device error that names neither the config nor FSDP."""
+    with a device error that names neither the config nor FSDP; and FSDP1 with strategies that read the LM head
+    outside the forward (``head_readers``: THR, NTHR), since FSDP1 flattens the head into a sharded flat parameter
+    that only its own forward gathers (FSDP2 and ZeRO-3 are gathered, `policy_inputs.full_unembedding`)."""
     env = os.environ if env is None else env
     request = requested_launch(env, getattr(args, "fsdp", None), getattr(args, "deepspeed", None))
     if request.backend != "fsdp":
         return
+    if head_readers and env.get("FSDP_VERSION", "1") == "1":
+        raise ConfigError(
+            f"strategies={list(head_readers)}: {_config_name(parent_cmdline)} asks for FSDP1 (fsdp_version 1), which "
+            "shards the LM head these strategies read outside the forward; use fsdp_version: 2 "
+            "(configs/accelerate/fsdp2.yaml) or DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml)."
+        )
     if accelerator_available is None:
         accelerator_available = _accelerator_available()
     if getattr(args, "use_cpu", False) or not accelerator_available:
