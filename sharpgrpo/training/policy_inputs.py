@@ -36,12 +36,14 @@ def causal_lm(accelerator, model):
 def completion_hidden_states(lm, output: dict[str, Any], rows_per_chunk: int) -> torch.Tensor:
     """(B, T, H) last-layer hidden states at the positions that predict each completion token.
 
-    TRL's forward returns neither hidden states nor full logits, so the model runs here (no gradient, in chunks of
-    ``rows_per_chunk`` rows). It runs as a whole (``lm(...)`` with ``logits_to_keep=1``: one (rows, 1, V) logit
-    block) and the backbone's output is read by a forward hook, rather than calling the backbone alone: under FSDP2
+    TRL's forward returns neither hidden states nor full logits, so the backbone runs here (no gradient, in chunks
+    of ``rows_per_chunk`` rows). Under FSDP2 (DTensor parameters) the model runs as a whole instead (``lm(...)``
+    with ``logits_to_keep=1``: one (rows, 1, V) logit block) and the backbone's output is read by a forward hook:
     the parameters that the root unit owns (embeddings, final norm) are gathered by the root's forward only, and a
-    backbone called alone meets them as shards (``aten.mm got mixed torch.Tensor and DTensor``). Under DeepSpeed
-    ZeRO-3 every module gathers its own parameters either way.
+    backbone called alone meets them as shards (``aten.mm got mixed torch.Tensor and DTensor``). Elsewhere the
+    backbone is called alone: under DeepSpeed ZeRO-3 every module gathers its own parameters, and calling the LM
+    head module there (which TRL's fused head never calls) breaks ZeRO-3's prefetch order ("Cannot partition a
+    param in flight" in TRL's next head gather).
     """
     backbone = getattr(lm, lm.base_model_prefix)
     input_ids, attention_mask = prompt_completion(output)
@@ -53,11 +55,16 @@ def completion_hidden_states(lm, output: dict[str, Any], rows_per_chunk: int) ->
             out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         chunks.append(out[:, -length - 1 : -1].detach())
 
+    first = next(lm.parameters(), None)
+    whole_model = first is not None and hasattr(first, "full_tensor")  # FSDP2: the root unit must gather
     handle = backbone.register_forward_hook(keep)
     try:
         for start in range(0, input_ids.size(0), rows_per_chunk):
-            lm(input_ids=input_ids[start : start + rows_per_chunk],
-               attention_mask=attention_mask[start : start + rows_per_chunk], logits_to_keep=1, use_cache=False)
+            rows = slice(start, start + rows_per_chunk)
+            if whole_model:
+                lm(input_ids=input_ids[rows], attention_mask=attention_mask[rows], logits_to_keep=1, use_cache=False)
+            else:
+                backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows])
     finally:
         handle.remove()
     return torch.cat(chunks, dim=0)
