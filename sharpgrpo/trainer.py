@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
+from transformers.utils import logging
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
@@ -45,6 +46,7 @@ from sharpgrpo.training.advantage_pipeline import (
 from sharpgrpo.training.entropy_bonus import entropy_bonus
 from sharpgrpo.training.entropy_inputs import refuse_unavailable_sampling_entropy, strategy_loss_weights
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
+from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
 from sharpgrpo.training.loss_terms import (
     apply_token_terms,
@@ -66,8 +68,17 @@ from sharpgrpo.training.losses import (
 )
 from sharpgrpo.training.model_card import trl_paper, write_model_card
 from sharpgrpo.training.output_checks import StrategyOutputChecker, checked_reward_functions
-from sharpgrpo.training.policy_inputs import Policy, causal_lm, prompt_completion
+from sharpgrpo.training.policy_inputs import (
+    Policy,
+    causal_lm,
+    old_logps_source,
+    prompt_completion,
+    sampling_truncation,
+    vllm_logps_problem,
+)
+from sharpgrpo.training.rank_agreement import RankFailures
 from sharpgrpo.training.score_dump import dump_token_scores
+from sharpgrpo.training.sharded_head import averaged_head_gradient
 from sharpgrpo.training.sharpness import SharpnessProbe
 from sharpgrpo.training.strategy_state import load_strategy_state, save_strategy_state, strategy_state_path
 from sharpgrpo.training.telemetry import (
@@ -78,6 +89,8 @@ from sharpgrpo.training.telemetry import (
     telemetry_recorder,
 )
 from sharpgrpo.training.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm, server_generation_kwargs
+
+logger = logging.get_logger(__name__)
 
 # Model inputs besides ids and mask that TRL's forward passes on (multimodal models).
 FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -109,7 +122,13 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
-        super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
+        # FSDP asked for on the CPU (or FSDP1 with THR): refused before accelerate builds something else
+        head_readers = [name for name, cls in classes.items() if getattr(cls, "needs_hidden_states", False)]
+        check_launch_request(args, head_readers=head_readers)
+        self._rank_failures = RankFailures()  # a reward error on one process: all stop together (rank_agreement)
+        super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs)), args, **kwargs)
+        self._rank_failures.active = self.accelerator.num_processes > 1
+        check_launch(self.accelerator, args)  # FSDP/DeepSpeed/processes as the launcher asked, in one line
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:
@@ -142,6 +161,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rank_failures.agree(self.accelerator)  # one all-reduce: a process whose reward raised stops them all
         self._generation.rewards_per_func = rewards_per_func  # gathered over all processes, global row order
         if any(s.needs_correctness for s in self.advantage_strategies):
             columns = {key: [example[key] for example in inputs] for key in inputs[0]
@@ -212,8 +232,19 @@ class SharpGRPOTrainer(GRPOTrainer):
         """The policy as the advantage strategies read it (`sharpgrpo.training.policy_inputs`)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
+        truncation = sampling_truncation(self.top_p, self.top_k, self.min_p, self.args.generation_kwargs)
+        usable = vllm_logps_problem(self.vllm_mode if self.use_vllm else None, truncation) is None
+        if not getattr(self, "_old_logps_source_logged", False) and any(
+            s.needs_old_logps for s in self._generation_strategies()
+        ):  # said once per run, by the main process
+            self._old_logps_source_logged = True
+            if self.accelerator.is_main_process:
+                capture = self.args.generation_capture and not self.use_transformers_continuous_batching
+                source = old_logps_source(self.use_vllm, self.vllm_mode, self._trl_computes_old_logps(), truncation,
+                                          capture)
+                logger.warning(f"[sharpgrpo] old log-probabilities for the advantage strategies: {source}.")
         return Policy(causal_lm(self.accelerator, self.model), zero3, self.temperature,
-                      self.args.per_device_train_batch_size, self._sampling_logps)
+                      self.args.per_device_train_batch_size, self._sampling_logps, usable)
 
     def _sampling_logps(self, output: dict[str, Any]) -> torch.Tensor:
         """Log-probabilities of the completion under the current (= sampling) policy; TRL skips them on-policy."""
@@ -274,10 +305,11 @@ class SharpGRPOTrainer(GRPOTrainer):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids, attention_mask = prompt_completion(inputs)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in FORWARD_KEYS},
-        )
+        with averaged_head_gradient(causal_lm(self.accelerator, model)):  # FSDP2: TRL's fused head, averaged
+            per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in FORWARD_KEYS},
+            )
         entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)

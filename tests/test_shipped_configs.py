@@ -153,6 +153,9 @@ def test_accelerate_configs_load(path):
     assert not config.use_cpu
     if path.stem == "multi_gpu":
         assert config.distributed_type == DistributedType.MULTI_GPU
+    elif path.stem == "fsdp2":
+        assert config.distributed_type == DistributedType.FSDP
+        assert config.fsdp_config["fsdp_version"] == 2 and config.fsdp_config["fsdp_offload_params"] is False
     else:
         assert config.distributed_type == DistributedType.DEEPSPEED
         assert config.deepspeed_config["zero_stage"] == int(path.stem[-1])

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from sharpgrpo.run.config_file import apply_config_env
 
 # Only light imports here: the config's `env:` block is applied before transformers, datasets or the Hub client load.
-from sharpgrpo.run.errors import one_line_errors
+from sharpgrpo.run.errors import exit_together, one_line_errors
 
 if TYPE_CHECKING:
     from trl import ModelConfig
@@ -180,6 +180,8 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
             _save_logs_and_plot(trainer, task)
         except Exception as save_error:  # noqa: BLE001 - keep the training error as the one reported
             print(f"[sharpgrpo] writing trainer_state.json or the plot failed: {save_error}", file=sys.stderr)
+        if stopped.everywhere and trainer.accelerator.num_processes > 1:  # all processes stopped on it together
+            exit_together(stopped, trainer.is_world_process_zero(), trainer.accelerator.wait_for_everyone)
         raise stopped from error
     stopper = lifecycle_callback(trainer)
     if stopper is not None and stopper.stopped_by_signal:  # SIGINT/SIGTERM: checkpoint saved at the step's end

@@ -9,6 +9,7 @@ import sys
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "SHARPGRPO_DEBUG"
+_debugging = False  # set by one_line_errors: --debug or SHARPGRPO_DEBUG=1 was given
 
 
 @contextlib.contextmanager
@@ -18,11 +19,13 @@ def one_line_errors(argv: list[str] | None = None):
     ``--debug`` (removed from ``argv``, ``sys.argv`` by default, before the parser sees it) or the environment
     variable ``SHARPGRPO_DEBUG=1`` lets the exception propagate with its full traceback instead.
     """
+    global _debugging
     argv = sys.argv if argv is None else argv
     debug = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
     while DEBUG_FLAG in argv:
         argv.remove(DEBUG_FLAG)
         debug = True
+    _debugging = debug
     try:
         yield
     except SystemExit as stop:  # a message given to SystemExit ("error: ..."): printed after the progress bars
@@ -35,11 +38,32 @@ def one_line_errors(argv: list[str] | None = None):
         if debug:
             close_progress_bars()
             raise
-        message = " ".join(str(error).split()) or repr(error)
-        prefix = "" if getattr(error, "names_itself", False) else f"{type(error).__name__}: "
         close_progress_bars()
-        print(f"error: {prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)", file=sys.stderr)
+        print(error_line(error), file=sys.stderr)
         sys.exit(1)
+
+
+def error_line(error: BaseException) -> str:
+    """The one line an error prints: ``error: <message> (full traceback: ...)``."""
+    message = " ".join(str(error).split()) or repr(error)
+    prefix = "" if getattr(error, "names_itself", False) else f"{type(error).__name__}: "
+    return f"error: {prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)"
+
+
+def exit_together(error: BaseException, is_main_process: bool, wait_for_everyone) -> None:
+    """End every process of a launch on an error they all raised together, with one error line.
+
+    The main process prints the line; then all wait for each other and exit with status 1. Waiting after the print
+    matters: a launcher (torch's elastic agent under ``accelerate launch``) stops the other processes as soon as one
+    exits with an error, which would otherwise kill the main process before its line or its plot is written. With
+    ``--debug`` the error propagates with its traceback instead (nothing is done here)."""
+    if _debugging:
+        return
+    if is_main_process:
+        close_progress_bars()
+        print(error_line(error), file=sys.stderr, flush=True)
+    wait_for_everyone()
+    raise SystemExit(1)
 
 
 def close_progress_bars() -> None:

@@ -358,9 +358,11 @@ def save_last_good_state(trainer, weights_checked: bool = False, all_processes_h
 
 
 class TrainingStopped(RuntimeError):
-    """Training ended with an error after :func:`save_last_good_state`; the message names both."""
+    """Training ended with an error after :func:`save_last_good_state`; the message names both. ``everywhere``:
+    every process stopped on it together (`sharpgrpo.training.rank_agreement.ProcessFailure`)."""
 
     names_itself = True
+    everywhere = False
 
 
 def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
@@ -368,11 +370,14 @@ def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
     callback = lifecycle_callback(trainer)
     if callback is not None:
         callback.restore_signal_handlers()
-    where = save_last_good_state(trainer)
+    everywhere = bool(getattr(error, "everywhere", False))  # all processes raised it together: they save together
+    where = save_last_good_state(trainer, all_processes_here=everywhere)
     message = " ".join(str(error).split()).rstrip(".") or repr(error)
-    return TrainingStopped(
+    stopped = TrainingStopped(
         f"training stopped at step {trainer.state.global_step + 1} by {type(error).__name__}: {message}. {where}"
     )
+    stopped.everywhere = everywhere
+    return stopped
 
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:

@@ -23,6 +23,7 @@ states come from a separate backbone forward (vLLM, continuous batching) that on
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -138,17 +139,41 @@ def logps_from_hidden_states(
     bias: torch.Tensor | None,
     temperature: float,
     rows_per_chunk: int = 8,
+    chunk_size: int = 512,
 ) -> torch.Tensor:
-    """Sampling log-probabilities log softmax((h W^T + b) / T)[y] from hidden states.
+    """Sampling log-probabilities log softmax((h W^T + b) / T)[y] from hidden states, chunked over the vocabulary.
 
-    Shapes: hidden (B, L, H), completion_ids (B, L), weight (V, H), bias (V,) or None -> (B, L) float32. Processes
-    ``rows_per_chunk`` rows at a time, so at most rows_per_chunk * L * V logits are alive."""
-    out = torch.empty(completion_ids.shape, dtype=torch.float32, device=hidden.device)
-    for start in range(0, hidden.shape[0], rows_per_chunk):
-        rows = slice(start, start + rows_per_chunk)
-        logits = torch.nn.functional.linear(hidden[rows].to(weight.dtype), weight, bias).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        chosen = logits.gather(-1, completion_ids[rows].long().unsqueeze(-1)).squeeze(-1)
-        out[rows] = chosen - torch.logsumexp(logits, dim=-1)
+    Shapes: hidden (B, L, H), completion_ids (B, L), weight (V, H), bias (V,) or None -> (B, L) float32.
+
+    No (rows x L x V) logits are built (at B x L = 8 x 4096 and Qwen's V = 151,936 those are 20 GB in fp32): the
+    N = B L tokens are scored against one vocabulary slice of width w at a time, with the log-normaliser
+    lse = log sum_v exp(z_v) accumulated online (running max m, mass s <- s exp(m - m') + sum_slice exp(z - m'))
+    and z_y read from the slice holding y, as THR's score does (``sharpgrpo.strategies.thr_vocab``). w is chosen so
+    that an (N, w) temporary holds at most ``chunk_size * V`` elements (``chunk_size`` tokens' worth of logits);
+    ``rows_per_chunk`` rows of hidden states are processed at a time on top of that. The logits are computed in the
+    weight's dtype and accumulated in fp32, as the unchunked ``F.linear(h, W, b).float()`` did."""
+    rows, length = completion_ids.shape
+    vocab_size = weight.shape[0]
+    out = torch.empty((rows, length), dtype=torch.float32, device=hidden.device)
+    for start in range(0, rows, rows_per_chunk):
+        block = slice(start, start + rows_per_chunk)
+        h = hidden[block].reshape(-1, hidden.shape[-1]).to(weight.dtype)
+        ids = completion_ids[block].reshape(-1).long().to(h.device)
+        num_tokens = h.shape[0]
+        width = max(1, min(vocab_size, (chunk_size * vocab_size) // max(num_tokens, 1)))
+        running_max = torch.full((num_tokens,), -math.inf, device=h.device)
+        mass = torch.zeros(num_tokens, device=h.device)
+        chosen = torch.zeros(num_tokens, device=h.device)
+        for first in range(0, vocab_size, width):
+            last = min(first + width, vocab_size)
+            z = torch.nn.functional.linear(h, weight[first:last], None if bias is None else bias[first:last]).float()
+            if temperature != 1.0:
+                z /= temperature
+            new_max = torch.maximum(running_max, z.amax(dim=1))
+            mass = mass * torch.exp(running_max - new_max) + torch.exp(z - new_max[:, None]).sum(dim=1)
+            running_max = new_max
+            hit = ((ids >= first) & (ids < last)).nonzero().flatten()
+            if hit.numel():
+                chosen[hit] = z[hit, ids[hit] - first]
+        out[block] = (chosen - running_max - torch.log(mass)).view(-1, length)
     return out

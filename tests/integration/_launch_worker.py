@@ -45,6 +45,11 @@ class RowSeededTrainer(SharpGRPOTrainer):
     """SharpGRPOTrainer whose sampling randomness is a function of the global row (see the module docstring);
     it also records each generation batch's rows and token advantages."""
 
+    # Call the model max_completion_length times for every row, also after the row's EOS (those calls' outputs are
+    # discarded and draw no random numbers): with sharded parameters every forward is a collective, so every process
+    # must make the same number of them (FullyShardedTrainer).
+    lockstep = False
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.recorded_generations: list[dict[str, Any]] = []
@@ -64,11 +69,14 @@ class RowSeededTrainer(SharpGRPOTrainer):
             tokens: list[int] = []
             for _ in range(self.max_completion_length):
                 logits = model(input_ids=sequence).logits[0, -1].float() / self.temperature
+                if tokens and tokens[-1] in eos:  # lockstep: finished, the call only keeps the processes in step
+                    continue
                 token = int(torch.multinomial(torch.softmax(logits, dim=-1).cpu(), 1, generator=generator))
                 tokens.append(token)
-                if token in eos:
+                if token in eos and not self.lockstep:
                     break
-                sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=1)
+                if token not in eos:
+                    sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=1)
             completions.append(tokens)
         return completions, None
 
@@ -85,6 +93,30 @@ class RowSeededTrainer(SharpGRPOTrainer):
                 }
             )
         return output
+
+
+class FullyShardedTrainer(RowSeededTrainer):
+    """RowSeededTrainer on a model sharded by torch's FSDP2 ``fully_shard`` over all processes (gloo on the CPU):
+    every decoder layer and the LM head a unit of its own, the embeddings and final norm in the root unit, as
+    accelerate's FSDP2 plugin wraps a transformer (``TRANSFORMER_BASED_WRAP``) on GPUs. accelerate builds FSDP on
+    GPUs only, so here the model is sharded by hand after the trainer is built and accelerate's ``prepare_model``
+    (which on the CPU would wrap it in DDP) returns it as is; the optimizer then holds the DTensor shards, FSDP2
+    reduce-scatters the gradients (averaged like DDP's) and accelerate's DTensor-aware clipping gives the norm."""
+
+    lockstep = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (self.accelerator.num_processes,))
+        lm = self.model
+        for layer in lm.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(lm.lm_head, mesh=mesh)  # the head its own unit: outside its forward a DTensor row shard
+        fully_shard(lm, mesh=mesh)
+        self.accelerator.prepare_model = lambda model, *args, **kwargs: model
 
 
 def build_config(output_dir: str, **overrides) -> SharpGRPOConfig:
@@ -117,6 +149,16 @@ def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, *
     and ``resume_from_checkpoint``."""
     if overrides.pop("generation", "row_seeded") == "trl":
         trainer_class = SharpGRPOTrainer
+    if overrides.pop("fsdp2", False):
+        trainer_class = FullyShardedTrainer
+    expect_error = overrides.pop("expect_error", False)  # record the construction's error instead of training
+    if expect_error:
+        try:
+            args = build_config(output_dir, **overrides)
+            make_trainer(model_path, args, train_dataset=64, trainer_class=trainer_class)
+        except Exception as error:  # noqa: BLE001 - the test reads the type and message
+            return {"error": f"{type(error).__name__}: {error}", "process_index": int(os.environ.get("RANK", 0))}
+        return {"error": None, "process_index": int(os.environ.get("RANK", 0))}
     resume_from_checkpoint = overrides.pop("resume_from_checkpoint", None)
     args = build_config(output_dir, **overrides)
     trainer = make_trainer(model_path, args, train_dataset=64, trainer_class=trainer_class)
@@ -128,7 +170,7 @@ def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, *
         "process_index": trainer.accelerator.process_index,
         "num_processes": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type),
-        "param_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
+        "param_sum": float(sum(_whole(p).double().sum() for p in trainer.model.parameters())),
         # This process's strategy state after training (e.g. the `random` generator), to compare resumed runs.
         "strategy_state": {
             name: {key: value.tolist() if torch.is_tensor(value) else value for key, value in state.items()}
@@ -137,6 +179,12 @@ def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, *
     }
     trainer.accelerator.wait_for_everyone()
     return result
+
+
+def _whole(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value (an FSDP2 DTensor shard gathered)."""
+    parameter = parameter.detach()
+    return parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
 
 
 def main() -> None:

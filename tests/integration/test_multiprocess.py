@@ -161,6 +161,7 @@ def assert_same_training(multi: dict, single: dict, steps: list[int] | None = No
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_processes_match_one_process(two_process_runs, one_process_runs, name):
     ranks, single = two_process_runs[name], one_process_runs(name)
@@ -199,6 +200,7 @@ def test_two_processes_match_one_process(two_process_runs, one_process_runs, nam
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_resume_with_two_processes(two_process_runs):
     """Stopped at step 2 and resumed (``random`` strategy, TRL's sampling, Adam): steps 3-4 are those of the
     uninterrupted run. Each process restores its own strategy state: the ranks' `random` generators differ (they drew
@@ -217,6 +219,7 @@ def test_resume_with_two_processes(two_process_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_zero_matches_one_process(tiny_model_path, tmp_path, one_process_runs, stage):
     """DeepSpeed ZeRO-2/3 on the CPU (``DS_BUILD_OPS=0 pip install deepspeed``; the first run compiles DeepSpeed's
@@ -229,6 +232,44 @@ def test_deepspeed_zero_matches_one_process(tiny_model_path, tmp_path, one_proce
     for name, ranks in zip(names, results, strict=True):
         assert ranks[0]["distributed_type"] == "DistributedType.DEEPSPEED"
         assert_same_training(ranks[0], one_process_runs(name))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sharpness_probe_refused_under_zero3(tiny_model_path, tmp_path):
+    """ZeRO-3 partitions every parameter: the sharpness probe (which perturbs and restores them in place outside the
+    forward) is refused when the trainer is built, on every process, naming the field."""
+    pytest.importorskip("deepspeed")
+    case = dict(CASES["grpo_sg"], per_device_train_batch_size=PER_DEVICE, sharpness_probe_steps=1, expect_error=True)
+    (ranks,) = launch(tiny_model_path, tmp_path, [case], "configs/accelerate/zero3.yaml")
+    for rank in ranks:
+        assert rank["error"].startswith("ConfigError: sharpness_probe_steps=1:"), rank["error"]
+        assert "DeepSpeed ZeRO-3" in rank["error"]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_runs(tiny_model_path, tmp_path_factory):
+    """Every case for one step under FSDP2 (``_launch_worker.FullyShardedTrainer``: torch's ``fully_shard`` over 2
+    gloo processes, each decoder layer and the LM head a unit of its own), in one launch."""
+    folder = tmp_path_factory.mktemp("fsdp2")
+    cases = [dict(case, per_device_train_batch_size=PER_DEVICE, max_steps=1, fsdp2=True) for case in CASES.values()]
+    return dict(zip(CASES, launch(tiny_model_path, folder, cases, "configs/accelerate/multi_gpu.yaml"), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", list(CASES))
+def test_fsdp2_matches_one_process(fsdp2_runs, one_process_runs, name):
+    """Under FSDP2 the LM head is a DTensor row shard outside its forward (``.shape`` (V, H), half the elements on
+    each process): THR/NTHR read it whole through ``policy_inputs.full_unembedding`` (``full_tensor()``, checked by
+    element count) and their hidden states through the whole model's forward (``completion_hidden_states``), where
+    the backbone called alone met the root unit's embedding shards. Before that fix THR stopped at step 1 with
+    ``aten.mm.default got mixed torch.Tensor and DTensor``. Step 1's loss, gradient norm, reward and strategy
+    metrics equal the 1-process run's within the DDP comparison's tolerance (1e-5)."""
+    ranks = fsdp2_runs[name]
+    assert ranks[0]["distributed_type"] == "DistributedType.MULTI_CPU" and ranks[0]["num_processes"] == NUM_PROCESSES
+    assert_same_training(ranks[1], ranks[0], atol=0.0)
+    assert_same_training(ranks[0], one_process_runs(name), steps=[1])
 
 
 # ----------------------------------------------------------------------------------------------------------------
