@@ -112,11 +112,9 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
 
     from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.data.chat_prompts import warn_if_template_unused
-    from sharpgrpo.data.checks import load_checked_dataset
     from sharpgrpo.data.row_checks import check_prompt_lengths, model_context_length
     from sharpgrpo.models.prepared import resolve_model_name
-    from sharpgrpo.models.source import check_model_source
-    from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
+    from sharpgrpo.run.input_checks import check_training_inputs
     from sharpgrpo.run.lifecycle import (
         CheckpointError,
         NonFiniteTrainingError,
@@ -130,11 +128,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
 
     register_tasks()
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
-    model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
-    check_model_source(model_name, revision=model_args.model_revision)
-    reward_funcs = resolve_reward_functions(task.reward_funcs)
-    train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
-    check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
+    model_name, reward_funcs, train_dataset = check_training_inputs(task, training_args, model_args)
 
     model_path = resolve_model_name(model_name)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
@@ -225,14 +219,20 @@ def cli(args: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
     with one_line_errors(args):  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
         apply_config_env(args)  # before transformers and datasets are imported: they read it once, on import
-        from trl import ModelConfig
+        main(*parse_arguments(args))
 
-        from sharpgrpo import SharpGRPOConfig
-        from sharpgrpo.run.config_parser import ConfigParser
-        from sharpgrpo.settings import training_setting_arguments
 
-        parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
-        main(*parser.parse_args_and_config(args))
+def parse_arguments(args: list[str]) -> tuple:
+    """``(TaskArguments, SharpGRPOConfig, ModelConfig, *setting arguments)`` from a config and command-line flags,
+    through train.py's parser (:class:`sharpgrpo.run.config_parser.ConfigParser`): the config checks itself here."""
+    from trl import ModelConfig
+
+    from sharpgrpo import SharpGRPOConfig
+    from sharpgrpo.run.config_parser import ConfigParser
+    from sharpgrpo.settings import training_setting_arguments
+
+    parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
+    return tuple(parser.parse_args_and_config(list(args)))
 
 
 if __name__ == "__main__":

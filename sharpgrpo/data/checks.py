@@ -123,9 +123,11 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_
                 raise ConfigError(f"{field}={str(path)!r}: line {number}: prompt {problem}.")
 
 
-def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
-    """Check the dataset's name, arguments and file, load it, and refuse an empty one or one without prompts."""
-    from sharpgrpo.data import DATASETS, load_train_dataset
+def check_dataset_source(dataset_name: str, dataset_kwargs: Any) -> dict[str, Any]:
+    """Everything about the dataset that is known without loading (or downloading) it: the name (a registered
+    dataset, an existing file or folder, or a Hub id), ``dataset_kwargs`` against the loader, and a local JSON-lines
+    file line by line. Returns ``dataset_kwargs`` as a dict."""
+    from sharpgrpo.data import DATASETS
 
     kwargs = parse_dataset_kwargs(dataset_kwargs)
     registered = dataset_name in DATASETS
@@ -138,6 +140,22 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
     if not registered:
         as_is = not any(kwargs.get(key) for key in ("column_mapping", "prompt_template"))
         check_data_file(Path(dataset_name).expanduser(), check_prompts=as_is)
+    return kwargs
+
+
+def dataset_is_local(dataset_name: str) -> bool:
+    """A registered dataset or an existing file or folder: loading it downloads nothing."""
+    from sharpgrpo.data import DATASETS
+
+    return dataset_name in DATASETS or Path(dataset_name).expanduser().exists()
+
+
+def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
+    """Check the dataset's name, arguments and file, load it, and refuse an empty one or one without prompts."""
+    from sharpgrpo.data import DATASETS, load_train_dataset
+
+    kwargs = check_dataset_source(dataset_name, dataset_kwargs)
+    registered = dataset_name in DATASETS
     described = f"dataset_name={dataset_name!r}" + (f" with dataset_kwargs={kwargs!r}" if kwargs else "")
     try:
         dataset = load_train_dataset(dataset_name, **kwargs)
