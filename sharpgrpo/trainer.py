@@ -42,6 +42,7 @@ from sharpgrpo.training.advantage_pipeline import (
 )
 from sharpgrpo.training.entropy_bonus import entropy_bonus
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
+from sharpgrpo.training.logps_temperature import score_logps_at
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
 from sharpgrpo.training.losses import (
     PPO_CLIP_LOSS_TYPES,
@@ -93,6 +94,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         if self.advantage_strategies and self.tools:
             raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
         self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
+        loss_temperature = getattr(self.weight_strategy, "loss_logps_temperature", None)
+        if loss_temperature is not None and loss_temperature != self.temperature:  # e.g. released CW-GRPO: 1.0
+            score_logps_at(self, loss_temperature)
         if self.use_vllm and self.vllm_mode == "colocate":
             seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)
