@@ -92,6 +92,10 @@ def main(
     from sharpgrpo.run.run_output import check_process_count
 
     check_process_count()
+    from sharpgrpo.models.source import check_model_source
+
+    # The model folder (config, weights, tokenizer), a prepared name or a Hub id: before output_dir is touched.
+    check_model_source(model_args.model_name_or_path or "sharpgrpo-tiny", revision=model_args.model_revision)
     try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
         training_args.resume_from_checkpoint = resolve_resume_checkpoint(
             training_args.resume_from_checkpoint, training_args.output_dir
