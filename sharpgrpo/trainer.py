@@ -30,6 +30,8 @@ from trl import GRPOTrainer
 from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.diagnostics.score_dump import dump_token_scores
 from sharpgrpo.diagnostics.sharpness import SharpnessProbe
+from sharpgrpo.models.prepared import resolve_model_name
+from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenWeightStrategy
 from sharpgrpo.strategies.correctness import answer_verdicts
@@ -88,7 +90,13 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
+        given_name = model if isinstance(model, str) else None
+        if given_name is not None:  # a prepared model's name (sharpgrpo-tiny) -> its folder, built on first use
+            model = resolve_model_name(given_name)
         super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
+        if given_name is not None:  # the card and a saved adapter name the model as given, not a cache folder
+            self.base_model_name = self.base_model_name or given_name
+            record_base_model(self.model, given_name)
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:

@@ -157,7 +157,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     training_args.model_init_kwargs = model_init_kwargs or None
 
     trainer = SharpGRPOTrainer(
-        model=model_path,
+        model=model_name,  # as given: the trainer resolves a prepared name and names it on a saved adapter
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,

@@ -103,3 +103,11 @@ def _in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
         isinstance(try_to_load_from_cache(repo_id, f, revision=revision), str)
         for f in ("config.json", "adapter_config.json")
     )
+
+
+def record_base_model(model, name: str) -> None:
+    """Make a PEFT model's adapters name ``name`` (the model as the user gave it: a prepared name or a Hub id) as their
+    base model, instead of the folder it was loaded from (a prepared model's folder in this machine's cache), so a
+    saved or pushed adapter loads elsewhere. Does nothing for a model without adapters."""
+    for config in (getattr(model, "peft_config", None) or {}).values():
+        config.base_model_name_or_path = name
