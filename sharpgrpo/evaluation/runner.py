@@ -106,7 +106,8 @@ class EvalConfig:
         default=None,
         metadata={
             "help": "Completion length limit. Default: the run's own `max_completion_length` (training_args.json "
-            "that train.py saves beside the model and in each checkpoint), else 4096 (the papers), capped by the "
+            "that train.py saves beside the model and in each checkpoint), else the task's own (kk and math: the "
+            "papers' 4096; qa and search_qa: Search-R1's 500; addition and strict_letters: 16), capped by the "
             "model's maximum length (max_position_embeddings)."
         },
     )
@@ -208,13 +209,17 @@ def _model_max_length(path: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def default_max_new_tokens(model: str) -> tuple[int, str]:
+def default_max_new_tokens(model: str, task: str | None = None) -> tuple[int, str]:
     """``(budget, where it comes from)``: the run's ``max_completion_length`` from ``training_args.json`` in the
-    model folder or, for a ``checkpoint-N``, its run folder; else 4096; capped by the model's maximum length."""
+    model folder or, for a ``checkpoint-N``, its run folder; else the task's own default
+    (``EvalTask.default_max_new_tokens``; without a task the papers' 4096); capped by the model's maximum length."""
     from sharpgrpo.models.prepared import resolve_model_name
 
     path = Path(resolve_model_name(model))
     budget, source = PAPERS_MAX_NEW_TOKENS, f"the papers' {PAPERS_MAX_NEW_TOKENS}"
+    if task is not None:
+        budget = EVAL_TASKS.get(task).default_max_new_tokens
+        source = f"the {task} task's default {budget}"
     for folder in (path, path.parent):
         args_file = folder / "training_args.json"
         try:
@@ -324,7 +329,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
     # A missing local path or an unknown Hub id is refused with one line before any file is written or model loaded.
     check_model_source(config.model, field="--model")
     if config.max_new_tokens is None:
-        budget, source = default_max_new_tokens(config.model)
+        budget, source = default_max_new_tokens(config.model, config.task)
         config = dataclasses.replace(config, max_new_tokens=budget)
         if config.progress:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
