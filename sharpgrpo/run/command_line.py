@@ -73,8 +73,8 @@ class CommandParser(argparse.ArgumentParser):
                 kind, value = invalid.groups()
                 kind = {"int": "an integer", "float": "a number"}.get(kind, f"a valid {kind} value")
                 raise ConfigError(f"{option}={value}: must be {kind}; see {self.prog} --help.")
-            raise ConfigError(f"{option}: {problem}; see {self.prog} --help.")
-        raise ConfigError(f"{self.prog}: {' '.join(message.split())}; see {self.prog} --help.")
+            raise ConfigError(f"{option}: {problem.rstrip('.')}; see {self.prog} --help.")
+        raise ConfigError(f"{self.prog}: {' '.join(message.split()).rstrip('.')}; see {self.prog} --help.")
 
     def parse_args(self, args=None, namespace=None):
         import sys
@@ -104,8 +104,19 @@ def check_input_path(label: str, value: Any, kind: str) -> None:
     """An input that must exist: ``file``, ``dir`` or ``exists`` (either), one line naming the option and the path."""
     path = Path(str(value)).expanduser()
     if not path.exists():
-        raise ConfigError(f"{label}={str(value)!r}: no such {'folder' if kind == 'dir' else 'file'} ({path.resolve()}).")
+        what = {"dir": "folder", "file": "file", "exists": "file or folder"}[kind]
+        raise ConfigError(f"{label}={str(value)!r}: no such {what} ({path.resolve()}).")
     if kind == "file" and not path.is_file():
         raise ConfigError(f"{label}={str(value)!r}: {path.resolve()} is a folder; give a file.")
     if kind == "dir" and not path.is_dir():
         raise ConfigError(f"{label}={str(value)!r}: {path.resolve()} is a file; give a folder.")
+
+
+def check_output_folder(label: str, value: Any) -> None:
+    """An output folder: not a file, not below a file (it is created when the command writes)."""
+    path = Path(str(value)).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{label}={str(value)!r}: {path.resolve()} is a file; give a folder.")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(f"{label}={str(value)!r}: lies below {blocking}, which is a file; give a folder.")
