@@ -41,12 +41,12 @@ from sharpgrpo.compare.runs import (
     run_all,
     shown_path,
 )
-from sharpgrpo.run.command_line import check_output_folder
+from sharpgrpo.command_line import check_output_folder
 from sharpgrpo.validation import ConfigError
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from sharpgrpo.run.command_line import CommandParser
+    from sharpgrpo.command_line import CommandParser
     from sharpgrpo.validation import between, integer, non_negative, positive
 
     parser = CommandParser(

@@ -22,7 +22,7 @@ from sharpgrpo.evaluation import EvalConfig, evaluate
 def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
-    from sharpgrpo.run.command_line import CommandParser, unknown_option_error
+    from sharpgrpo.command_line import CommandParser, unknown_option_error
     from sharpgrpo.tasks import register_tasks
 
     class EvalParser(HfArgumentParser):

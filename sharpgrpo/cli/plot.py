@@ -26,7 +26,7 @@ from sharpgrpo.diagnostics.curve_plots import grad_norm_markdown, plot_runs
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from sharpgrpo.run.command_line import CommandParser, check_output_folder
+    from sharpgrpo.command_line import CommandParser, check_output_folder
     from sharpgrpo.validation import ConfigError, between, positive
 
     parser = CommandParser(prog="sharpgrpo plot", description=__doc__.split("\n\n")[0])

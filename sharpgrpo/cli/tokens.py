@@ -49,7 +49,7 @@ def _check_options(args) -> None:
 
     from sharpgrpo import SharpGRPOConfig
     from sharpgrpo.models.source import check_model_source
-    from sharpgrpo.run.command_line import check_input_path
+    from sharpgrpo.command_line import check_input_path
     from sharpgrpo.strategies import STRATEGIES
     from sharpgrpo.validation import ConfigError
 
@@ -71,7 +71,7 @@ def _check_options(args) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sharpgrpo.evaluation.models import load_model_and_tokenizer
 
-    from sharpgrpo.run.command_line import CommandParser, check_output_folder
+    from sharpgrpo.command_line import CommandParser, check_output_folder
     from sharpgrpo.validation import integer, positive
 
     parser = CommandParser(prog="sharpgrpo tokens", description=__doc__.split("\n\n")[0])

@@ -59,7 +59,7 @@ class ConfigParser(TrlParser):
                     + "; see python train.py --help."
                 )
         if fail_with_unknown_args and not return_remaining_strings:  # a mistyped flag names the closest field
-            from sharpgrpo.run.command_line import unknown_option_error
+            from sharpgrpo.command_line import unknown_option_error
 
             unknown = unknown_option_error(args, self._option_string_actions, "train.py")
             if unknown is not None:
