@@ -95,29 +95,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--report_only", action="store_true",
         help="Run nothing: aggregate the finished runs and list the others as missing (e.g. while a comparison runs).",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    try:  # every option, the config with every --set and entry: one line (exit 1) before any run starts
+        args = parser.parse_args(argv)
 
-    if len(set(args.seeds)) != len(args.seeds):
-        raise ConfigError(f"--seeds={args.seeds}: lists a seed twice.")
-    try:
-        specs = [parse_strategy(entry) for entry in args.strategies]
-        overrides = parse_overrides(args.overrides)
-        eval_set = parse_overrides(args.eval_set)
-    except ValueError as error:
-        raise ConfigError(" ".join(str(error).split())) from None
-    labels = [s.label for s in specs]
-    if len(set(labels)) != len(labels) or len({s.slug for s in specs}) != len(specs):
-        raise ConfigError(f"--strategies={labels}: lists an entry twice.")
-    _validate_strategy_names(specs)
-    check_output_folder("--output", args.output)
+        if len(set(args.seeds)) != len(args.seeds):
+            raise ConfigError(f"--seeds={args.seeds}: lists a seed twice.")
+        try:
+            specs = [parse_strategy(entry) for entry in args.strategies]
+            overrides = parse_overrides(args.overrides)
+            eval_set = parse_overrides(args.eval_set)
+        except ValueError as error:
+            raise ConfigError(" ".join(str(error).split())) from None
+        labels = [s.label for s in specs]
+        if len(set(labels)) != len(labels) or len({s.slug for s in specs}) != len(specs):
+            raise ConfigError(f"--strategies={labels}: lists an entry twice.")
+        _validate_strategy_names(specs)
+        check_output_folder("--output", args.output)
 
-    output = Path(args.output)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-    config = Path(args.config).resolve()
-    runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
-                     eval_set)  # fmt: skip
-    if not args.report_only:
-        check_every_run(runs, specs)  # the config with every --set and every entry, once, before any run starts
+        output = Path(args.output)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+        config = Path(args.config).resolve()
+        runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
+                         eval_set)  # fmt: skip
+        if not args.report_only:
+            check_every_run(runs, specs)  # the config with every --set and every entry, once, before any run starts
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     command = "sharpgrpo compare " + " ".join(argv if argv is not None else sys.argv[1:])
     if os.sep in args.python:  # the runs start in the repository root: a relative interpreter path is from here
         args.python = str(Path(args.python).absolute())

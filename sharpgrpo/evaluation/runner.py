@@ -166,7 +166,7 @@ class EvalConfig:
 
     def __post_init__(self):
         if self.task not in EVAL_TASKS:
-            raise ConfigError(f"task={self.task!r}: no such evaluation task; choose one of "
+            raise ConfigError(f"task={self.task!r}: Unknown task {self.task!r}; choose one of "
                               f"{', '.join(EVAL_TASKS.names())}.")  # fmt: skip
         validate_fields(self, EVAL_FIELD_RULES)
         for people in self.kk_people:
