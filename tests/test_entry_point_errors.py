@@ -155,3 +155,16 @@ def argv_command(case) -> str:
             return Path("x")
 
     return case[1](Inputs())[0]
+
+
+def test_a_second_interrupt_is_one_line_not_a_traceback(capsys, monkeypatch):
+    """The first Ctrl-C asks training for a checkpoint; a second one raises KeyboardInterrupt at once, which used to
+    print a 38-line traceback."""
+    from sharpgrpo.run.errors import one_line_errors
+
+    monkeypatch.delenv("SHARPGRPO_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stop, one_line_errors(["train.py"]):
+        raise KeyboardInterrupt
+    assert stop.value.code == 130
+    err = capsys.readouterr().err
+    assert err.startswith("error: interrupted (Ctrl-C)") and err.count("\n") == 1
