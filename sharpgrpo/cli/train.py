@@ -66,8 +66,9 @@ class TaskArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Train into a non-empty output_dir, replacing the run there (its checkpoint-N folders are "
-            "removed). Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
+            "help": "Train into a non-empty output_dir, replacing the run there: everything in it (checkpoint-N "
+            "folders, completions/, weights, logs) is removed first; a folder that holds no training run is refused. "
+            "Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
         },
     )
     print_metrics: bool = field(
