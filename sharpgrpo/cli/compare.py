@@ -191,7 +191,6 @@ def check_every_run(runs, specs: list[StrategySpec]) -> None:
     all) through train.py's own parser and its input checks up to the model (the model source, the reward functions,
     the dataset's name and arguments), so a bad value stops the comparison at once in one line naming the entry,
     instead of every run failing on it one by one."""
-    import contextlib
     import os
 
     from sharpgrpo.cli import train
@@ -205,8 +204,7 @@ def check_every_run(runs, specs: list[StrategySpec]) -> None:
             run = next(r for r in runs if r.spec is spec)
             try:
                 task, args, model_args = train.parse_arguments(run.train_args)[:3]
-                with contextlib.redirect_stdout(None):
-                    check_training_inputs(task, args, model_args, load_dataset=False)
+                check_training_inputs(task, args, model_args, load_dataset=False)
             except (ConfigError, ValueError) as error:
                 raise ConfigError(f"--strategies {spec.label}: {' '.join(str(error).split())}") from None
     finally:
