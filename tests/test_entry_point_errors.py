@@ -9,7 +9,6 @@ before that.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path

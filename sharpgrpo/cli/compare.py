@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sharpgrpo.command_line import check_output_folder
 from sharpgrpo.compare.report import write_report
 from sharpgrpo.compare.runs import (
     NOT_FINISHED,
@@ -41,7 +42,6 @@ from sharpgrpo.compare.runs import (
     run_all,
     shown_path,
 )
-from sharpgrpo.command_line import check_output_folder
 from sharpgrpo.validation import ConfigError
 
 

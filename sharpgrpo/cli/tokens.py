@@ -48,8 +48,8 @@ def _check_options(args) -> None:
     import difflib
 
     from sharpgrpo import SharpGRPOConfig
-    from sharpgrpo.models.source import check_model_source
     from sharpgrpo.command_line import check_input_path
+    from sharpgrpo.models.source import check_model_source
     from sharpgrpo.strategies import STRATEGIES
     from sharpgrpo.validation import ConfigError
 
@@ -69,9 +69,8 @@ def _check_options(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from sharpgrpo.evaluation.models import load_model_and_tokenizer
-
     from sharpgrpo.command_line import CommandParser, check_output_folder
+    from sharpgrpo.evaluation.models import load_model_and_tokenizer
     from sharpgrpo.validation import integer, positive
 
     parser = CommandParser(prog="sharpgrpo tokens", description=__doc__.split("\n\n")[0])
