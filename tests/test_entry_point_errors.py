@@ -140,6 +140,7 @@ def test_a_broken_input_is_named_in_one_line(case, argv, named, inputs, capsys, 
     missing = [text for text in named if text not in line]
     assert not missing, f"{case}: the error names none of {missing}: {line}"
     assert not (inputs["tmp"] / "run").exists() or not any((inputs["tmp"] / "run").iterdir())
+    assert not (inputs["tmp"] / "c").exists()  # compare started no run
 
 
 def test_every_command_is_driven():
