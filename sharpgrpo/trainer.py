@@ -90,13 +90,13 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
-        given_name = model if isinstance(model, str) else None
-        if given_name is not None:  # a prepared model's name (sharpgrpo-tiny) -> its folder, built on first use
-            model = resolve_model_name(given_name)
+        prepared_name = None
+        if isinstance(model, str) and resolve_model_name(model) != model:  # a prepared model (sharpgrpo-tiny)
+            prepared_name, model = model, resolve_model_name(model)  # -> its folder, built on first use
         super().__init__(model, checked_reward_functions(reward_funcs), args, **kwargs)  # every batch's output
-        if given_name is not None:  # the card and a saved adapter name the model as given, not a cache folder
-            self.base_model_name = self.base_model_name or given_name
-            record_base_model(self.model, given_name)
+        if prepared_name is not None:  # the card and a saved adapter name the model as given, not a cache folder
+            self.base_model_name = self.base_model_name or prepared_name
+            record_base_model(self.model, prepared_name)
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:
