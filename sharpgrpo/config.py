@@ -8,6 +8,7 @@ docs/methods.md. The config validates itself in ``__post_init__``, before any mo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
@@ -133,6 +134,28 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
             STRATEGIES.get(name).check_params(self)
         for cls in strategy_classes:
             cls.check_config(self)
+        self._warn_unread_strategy_params(strategy_classes)
+
+    def _warn_unread_strategy_params(self, strategy_classes) -> None:
+        """A strategy parameter set away from its default that none of the selected strategies reads (``params``)
+        warns, naming the strategies it belongs to: ``thr_p: 0.1`` with ``strategies: grpo_sg`` does nothing."""
+        from sharpgrpo.strategies import STRATEGIES
+
+        read = {name for cls in strategy_classes for name in getattr(cls, "params", ())}
+        owners: dict[str, list[str]] = {}
+        for name in STRATEGIES.names():
+            for parameter in getattr(STRATEGIES.get(name), "params", ()):
+                owners.setdefault(parameter, []).append(name)
+        for f in fields(StrategyParams):
+            value = getattr(self, f.name)
+            if f.name in read or f.name not in owners or value == f.default:
+                continue
+            warnings.warn(
+                f"{f.name}={value!r} is not read by strategies={self.strategies}: it is a parameter of "
+                f"{', '.join(owners[f.name])}; it has no effect in this run.",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 # LossTerms fields that at most one selected loss strategy may set (the others combine: masks multiply, terms add).

@@ -32,6 +32,8 @@ from transformers.utils import logging
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.models.prepared import resolve_model_name
+from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, TokenLossStrategy, TokenWeightStrategy
 from sharpgrpo.strategies.base import LossContext
@@ -47,6 +49,7 @@ from sharpgrpo.training.entropy_bonus import entropy_bonus
 from sharpgrpo.training.entropy_inputs import refuse_unavailable_sampling_entropy, strategy_loss_weights
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
 from sharpgrpo.training.launch_check import check_launch, check_launch_request
+from sharpgrpo.training.logps_temperature import score_logps_at
 from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
 from sharpgrpo.training.loss_terms import (
     apply_token_terms,
@@ -122,6 +125,9 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
         refuse_vllm_request_seed(args)
+        prepared_name = None
+        if isinstance(model, str) and resolve_model_name(model) != model:  # a prepared model (sharpgrpo-tiny)
+            prepared_name, model = model, resolve_model_name(model)  # -> its folder, built on first use
         # FSDP asked for on the CPU (or FSDP1 with THR): refused before accelerate builds something else
         head_readers = [name for name, cls in classes.items() if getattr(cls, "needs_hidden_states", False)]
         check_launch_request(args, head_readers=head_readers)
@@ -129,12 +135,18 @@ class SharpGRPOTrainer(GRPOTrainer):
         super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs)), args, **kwargs)
         self._rank_failures.active = self.accelerator.num_processes > 1
         check_launch(self.accelerator, args)  # FSDP/DeepSpeed/processes as the launcher asked, in one line
+        if prepared_name is not None:  # the card and a saved adapter name the model as given, not a cache folder
+            self.base_model_name = self.base_model_name or prepared_name
+            record_base_model(self.model, prepared_name)
         if self.advantage_strategies and self.environment_factories is not None:
             raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
         if self.advantage_strategies and self.tools:
             raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
         refuse_unavailable_sampling_entropy(self.advantage_strategies, self.rollout_func)
         self.add_callback(LifecycleCallback(self))  # signals, complete-checkpoint markers, non-finite stop
+        loss_temperature = getattr(self.weight_strategy, "loss_logps_temperature", None)
+        if loss_temperature is not None and loss_temperature != self.temperature:  # e.g. released CW-GRPO: 1.0
+            score_logps_at(self, loss_temperature)
         if self.use_vllm and self.vllm_mode == "colocate":
             seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)

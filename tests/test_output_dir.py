@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sharpgrpo.run.output_dir import LOCK_NAME, guard_output_dir
+from sharpgrpo.run.output_dir import LOCK_NAME, guard_output_dir, previous_run_files
 from sharpgrpo.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,28 @@ def test_a_used_folder_is_refused_unless_resuming_or_overwriting(tmp_path):
         assert (folder / "checkpoint-3").is_dir()  # resuming keeps everything
     with guard_output_dir(folder, resuming=False, overwrite=True):
         assert not (folder / "checkpoint-3").exists()  # another run's checkpoints would be taken for this run's
-        assert (folder / "trainer_state.json").exists()
+        assert not (folder / "trainer_state.json").exists()  # the whole earlier run goes (issue 32)
+
+
+def test_overwriting_replaces_the_whole_earlier_run_and_nothing_else(tmp_path):
+    """A 200-step run replaced by a shorter one: none of the old run's files stay (its completions would be read as the
+    new run's by `sharpgrpo tokens`); a folder that holds no run is refused instead of emptied."""
+    folder = tmp_path / "run"
+    with guard_output_dir(folder, resuming=False, overwrite=False):
+        (folder / "completions").mkdir()
+        for step in (1, 100, 200):
+            (folder / "completions" / f"completions_{step}.parquet").write_bytes(b"old")
+        (folder / "trainer_state.json").write_text("{}")
+        (folder / "notes.txt").write_text("the old run's notes")
+    with guard_output_dir(folder, resuming=False, overwrite=True):
+        assert previous_run_files(folder) == []
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "thesis.tex").write_text("not a run")
+    with pytest.raises(ConfigError, match=r"^output_dir='.*project' holds files that are not a training run's "
+                                          r"\(thesis.tex\)"), guard_output_dir(project, resuming=False, overwrite=True):
+        pass
+    assert (project / "thesis.tex").read_text() == "not a run"
 
 
 def test_an_empty_folder_or_a_new_one_is_used(tmp_path):

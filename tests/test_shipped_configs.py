@@ -1,12 +1,14 @@
 """Every shipped config parses through train.py's parser and is valid, without loading a model or any data.
 
-Training configs (``configs/*.yaml``) are read by TRL's ``TrlParser`` with train.py's dataclasses, exactly as
-``python train.py --config FILE`` does, which runs ``SharpGRPOConfig``'s own validation (strategies and their
+Training configs (``configs/*.yaml``) are read by train.py's own parser (``sharpgrpo.cli.train.parse_arguments``:
+its YAML reader refuses duplicate keys) with its dataclasses, exactly as ``python train.py --config FILE`` does,
+which runs ``SharpGRPOConfig``'s own validation (strategies and their
 parameters, batch divisibility). ``--use_cpu true`` is added so that the GPU configs' ``bf16: true`` passes
 transformers' device check on a CPU machine; nothing else is overridden. Then: the reward functions and the dataset
 resolve (the dataset's keyword arguments bind to the registered builder or to the file/Hub loader), the papers'
 hyperparameters are those of GRPO-SG Table 6 / CW-GRPO Table 5 / the THR paper, and the accelerate configs load with
-accelerate's own config reader. The tiny CPU variant of the CW-GRPO config is trained for its two steps.
+accelerate's own config reader. Every config then passes train.py's input checks (``check_training_inputs``) up to
+the point where a model or a dataset would be downloaded, and the configs whose model is prepared here train a step. The tiny CPU variant of the CW-GRPO config is trained for its two steps.
 """
 
 from __future__ import annotations
@@ -74,19 +76,11 @@ BATCHES = {  # name: (GPUs, completions per update, completions per generation)
 
 
 def parse(path: Path, *extra: str):
-    """(TaskArguments, SharpGRPOConfig, ModelConfig) as train.py parses them (with its SearchArguments)."""
-    sys.path.insert(0, str(REPO))
-    try:
-        from sharpgrpo.cli import train
-    finally:
-        sys.path.remove(str(REPO))
-    from trl import ModelConfig, TrlParser
+    """(TaskArguments, SharpGRPOConfig, ModelConfig) as train.py parses them: its own parser (duplicate keys refused,
+    the settings' arguments such as the search setting's), ``sharpgrpo.cli.train.parse_arguments``."""
+    from sharpgrpo.cli import train
 
-    from sharpgrpo import SharpGRPOConfig
-    from sharpgrpo.search.config import SearchArguments
-
-    parser = TrlParser((train.TaskArguments, SharpGRPOConfig, ModelConfig, SearchArguments))
-    return parser.parse_args_and_config(args=["--config", str(path), "--use_cpu", "true", *extra])[:3]
+    return train.parse_arguments(["--config", str(path), "--use_cpu", "true", *extra])[:3]
 
 
 def test_every_config_is_covered():
@@ -114,6 +108,59 @@ def test_config_parses_and_validates(path, restore_environment):
     assert model_args.model_name_or_path
     assert args.per_device_train_batch_size * args.steps_per_generation % args.num_generations == 0
     assert not args.push_to_hub  # publishing is opt-in (`--push_to_hub true --hub_model_id ...`)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_passes_train_checks_before_the_model(path, restore_environment, monkeypatch, tmp_path):
+    """train.py's input checks, as ``_main`` runs them before the tokenizer or model loads: the model source (a Hub id
+    checked as an id: no Hub here), the reward functions, the dataset's name and arguments; a dataset that loads
+    without a download (registered, or a file here) is loaded and checked with the rewards against its columns."""
+    from sharpgrpo.data.checks import dataset_is_local
+    from sharpgrpo.models.prepared import prepared_model_names
+    from sharpgrpo.run.input_checks import check_training_inputs
+
+    task, args, model_args = parse(path)
+    if model_args.model_name_or_path not in prepared_model_names():
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the id's form is checked; nothing is fetched
+    if task.dataset_name.startswith("data/"):  # a file the config's comments tell the user to download first
+        from sharpgrpo.validation import ConfigError
+
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(ConfigError, match=r"^dataset_name='data/.*': no such file or directory"):
+            check_training_inputs(task, args, model_args, load_dataset=False)
+        _write_simplerl_zoo_rows(tmp_path / task.dataset_name)
+    local = dataset_is_local(task.dataset_name)
+    if path.stem in ("cw_grpo_math_cpu", "search_demo") and local:
+        from sharpgrpo.paths import shared_data_dir
+
+        local = shared_data_dir("math" if "math" in path.stem else "qa") is not None
+    inputs = check_training_inputs(task, args, model_args, load_dataset=local)
+    assert inputs.model_name == model_args.model_name_or_path
+    assert len(inputs.reward_funcs) == len(task.reward_funcs)
+    assert (inputs.train_dataset is not None) == local
+    if local:
+        assert len(inputs.train_dataset) > 0 and "prompt" in inputs.train_dataset.column_names
+
+
+def _write_simplerl_zoo_rows(path: Path) -> None:
+    """Two rows in the layout the THR configs map (SimpleRL-Zoo's parquet: ``question``, ``extra_info.answer``)."""
+    import pandas as pd
+
+    path.parent.mkdir(parents=True)
+    rows = [{"question": "What is 1 + 1?", "extra_info": {"answer": "2"}},
+            {"question": "What is 2 + 3?", "extra_info": {"answer": "5"}}]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(path)
+
+
+def test_search_config_prompt_is_search_r1s_chat_message(restore_environment):
+    """Search-R1 stores make_prefix(question) as one user message and renders it with the tokenizer's chat template
+    when the tokenizer has one (github PeterGriffinJin/Search-R1 at a14dc3a: scripts/data_process/nq_search.py lines
+    26-39 and 69-74; verl/utils/dataset/rl_dataset.py lines 126-131); Qwen2.5-3B's tokenizer has one. The config
+    said `conversational` twice (true, then false), which train.py's parser refuses."""
+    task, _, _ = parse(REPO / "configs" / "grpo_sg_search_qwen2.5_3b.yaml")
+    assert task.dataset_kwargs["conversational"] is True
+    assert task.dataset_kwargs["prompt_template"].startswith("Answer the given question. You must conduct reasoning")
+    assert task.dataset_kwargs["prompt_template"].endswith("<answer> Beijing </answer>. Question: {question}\n")
 
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
@@ -186,3 +233,32 @@ def test_cw_grpo_cpu_config_trains(tiny_model_path, tmp_path, restore_environmen
     assert len(log) == 2
     assert all("cw/weight_mean" in entry and "rewards/math_reward/mean" in entry for entry in log)
     assert (tmp_path / "model.safetensors").is_file() and "cw_grpo" in (tmp_path / "README.md").read_text()
+
+
+def _offline_configs():
+    """The configs whose model is built here without any download (the tiny models), and sharpgrpo-smol once built."""
+    from sharpgrpo.models.prepared import default_cache_dir
+
+    names = ["demo", "strict_letters_cpu", "search_demo"]
+    if (default_cache_dir() / "smollm2-135m-instruct-v1" / "config.json").is_file():
+        names.append("smol_addition_demo")
+    return [REPO / "configs" / f"{name}.yaml" for name in names]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _offline_configs(), ids=lambda p: p.stem)
+def test_offline_config_trains_a_step(path, tmp_path, restore_environment):
+    """The config through ``sharpgrpo train``'s whole command (parser, checks, model, training, saving) for one step;
+    only the output folder, the step count and the plot are overridden."""
+    from sharpgrpo.cli import train
+    from sharpgrpo.paths import shared_data_dir
+
+    if path.stem == "search_demo" and shared_data_dir("qa") is None:
+        pytest.skip("search_demo serves the shared QA corpus (shared/data/qa), which is not available")
+    train.cli(["--config", str(path), "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--plot", "false",
+               "--save_strategy", "no"])  # fmt: skip
+    import json
+
+    state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    assert state["global_step"] == 1 and any("loss" in entry for entry in state["log_history"])
+    assert (tmp_path / "run" / "model.safetensors").is_file()

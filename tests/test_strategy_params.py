@@ -43,3 +43,20 @@ def test_model_card_lists_the_declared_params(tmp_path, name):
     listed = line.split("(", 1)[1].split(")", 1)[0]
     expected = ", ".join(f"`{f}={getattr(config, f)!r}`" for f in STRATEGIES.get(name).params)
     assert listed == (expected or "no parameters")
+
+
+def test_a_parameter_no_selected_strategy_reads_warns_naming_its_strategy(tmp_path):
+    """`thr_p` with `strategies: grpo_sg` does nothing: the config warns, naming thr; a parameter a selected strategy
+    reads, or one left at its default, does not warn."""
+    import warnings
+
+    from helpers import cpu_config
+
+    with pytest.warns(UserWarning, match=r"^thr_p=0.3 is not read by strategies=\['grpo_sg'\]: it is a parameter of thr"):
+        cpu_config(tmp_path, strategies="grpo_sg", thr_p=0.3)
+    with pytest.warns(UserWarning, match=r"^passk_k=8 is not read .* a parameter of passk_mixed"):
+        cpu_config(tmp_path, strategies="thr", passk_k=8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*is not read by strategies")
+        cpu_config(tmp_path, strategies=["grpo_sg", "thr"], thr_p=0.3, sg_alpha=3.0)
+        cpu_config(tmp_path, strategies="equal")

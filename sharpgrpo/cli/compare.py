@@ -41,40 +41,53 @@ from sharpgrpo.compare.runs import (
     run_all,
     shown_path,
 )
+from sharpgrpo.run.command_line import check_output_folder
+from sharpgrpo.validation import ConfigError
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
+    from sharpgrpo.run.command_line import CommandParser
+    from sharpgrpo.validation import between, integer, non_negative, positive
+
+    parser = CommandParser(
         prog="sharpgrpo compare",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
-    parser.add_argument("--config", required=True, help="The train.py YAML config every run uses.")
+    parser.add_argument("--config", required=True, path="file", help="The train.py YAML config every run uses.")
     parser.add_argument(
         "--strategies", nargs="+", required=True,
         help="Strategy entries, the first is the baseline: NAME, NAME+NAME (composed), NAME:field=value[,...].",
     )  # fmt: skip
-    parser.add_argument("--seeds", nargs="+", type=int, required=True, help="Seeds; each strategy runs once per seed.")
+    parser.add_argument("--seeds", nargs="+", type=int, required=True, rule=integer(0),
+                        help="Seeds; each strategy runs once per seed.")  # fmt: skip
     parser.add_argument("--output", required=True, help="Folder for runs/, report.md, summary.json and the PNGs.")
-    parser.add_argument("--jobs", type=int, default=1, help="Runs at a time (each gets cores / jobs threads).")
+    parser.add_argument("--jobs", type=int, default=1, rule=integer(1),
+                        help="Runs at a time (each gets cores / jobs threads).")  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
         help="Config overrides applied to every run (train.py --FIELD VALUE).",
     )  # fmt: skip
     parser.add_argument("--eval", dest="eval_task", default=None, help="After training, run sharpgrpo eval --task.")
-    parser.add_argument("--eval_limit", type=int, default=None, help="sharpgrpo eval --limit (problems per group).")
+    parser.add_argument("--eval_limit", type=int, default=None, rule=integer(1, allow_none=True),
+                        help="sharpgrpo eval --limit (problems per group).")  # fmt: skip
     parser.add_argument(
         "--eval_set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
         help="Other sharpgrpo eval options, e.g. n_samples=8 max_new_tokens=8 temperature=1.0.",
     )  # fmt: skip
-    parser.add_argument("--threads", type=int, default=None, help="Threads per run (default: cores // jobs, >= 1).")
-    parser.add_argument("--timeout", type=float, default=None, help="Seconds after which a run counts as failed.")
-    parser.add_argument("--spike_factor", type=float, default=3.0, help="Grad-norm spike: above this x the median.")
-    parser.add_argument("--confidence", type=float, default=0.95, help="Interval level (Student t over seeds).")
+    parser.add_argument("--threads", type=int, default=None, rule=integer(1, allow_none=True),
+                        help="Threads per run (default: cores // jobs, >= 1).")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=None, rule=positive(allow_none=True),
+                        help="Seconds after which a run counts as failed.")  # fmt: skip
+    parser.add_argument("--spike_factor", type=float, default=3.0, rule=positive(),
+                        help="Grad-norm spike: above this x the median.")  # fmt: skip
+    parser.add_argument("--confidence", type=float, default=0.95, rule=between(0, 1, low_open=True, high_open=True),
+                        help="Interval level (Student t over seeds).")  # fmt: skip
     parser.add_argument(
-        "--smooth", type=float, default=0.0, help="Plots only: EMA weight in (0, 1) applied to each run's curve."
-    )
+        "--smooth", type=float, default=0.0, rule=between(0, 1, high_open=True),
+        help="Plots only: EMA weight in (0, 1) applied to each run's curve.",
+    )  # fmt: skip
     parser.add_argument(
-        "--stop_grace", type=float, default=120.0,
+        "--stop_grace", type=float, default=120.0, rule=non_negative(),
         help="On Ctrl-C / SIGTERM: seconds the running train.py get to save a checkpoint and stop before a kill.",
     )  # fmt: skip
     parser.add_argument("--python", default=sys.executable, help="Python interpreter of the runs.")
@@ -82,32 +95,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--report_only", action="store_true",
         help="Run nothing: aggregate the finished runs and list the others as missing (e.g. while a comparison runs).",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    try:  # every option, the config with every --set and entry: one line (exit 1) before any run starts
+        args = parser.parse_args(argv)
 
-    if args.jobs < 1:
-        parser.error("--jobs must be >= 1.")
-    if not 0 < args.confidence < 1:
-        parser.error("--confidence must be in (0, 1).")
-    if len(set(args.seeds)) != len(args.seeds):
-        parser.error(f"--seeds lists a seed twice: {args.seeds}.")
-    if not Path(args.config).is_file():
-        parser.error(f"--config {args.config} does not exist.")
-    try:
-        specs = [parse_strategy(entry) for entry in args.strategies]
-        overrides = parse_overrides(args.overrides)
-        eval_set = parse_overrides(args.eval_set)
-    except ValueError as error:
-        parser.error(str(error))
-    labels = [s.label for s in specs]
-    if len(set(labels)) != len(labels) or len({s.slug for s in specs}) != len(specs):
-        parser.error(f"--strategies lists an entry twice: {labels}.")
-    _validate_strategy_names(specs, parser)
+        if len(set(args.seeds)) != len(args.seeds):
+            raise ConfigError(f"--seeds={args.seeds}: lists a seed twice.")
+        try:
+            specs = [parse_strategy(entry) for entry in args.strategies]
+            overrides = parse_overrides(args.overrides)
+            eval_set = parse_overrides(args.eval_set)
+        except ValueError as error:
+            raise ConfigError(" ".join(str(error).split())) from None
+        labels = [s.label for s in specs]
+        if len(set(labels)) != len(labels) or len({s.slug for s in specs}) != len(specs):
+            raise ConfigError(f"--strategies={labels}: lists an entry twice.")
+        _validate_strategy_names(specs)
+        check_output_folder("--output", args.output)
 
-    output = Path(args.output)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-    config = Path(args.config).resolve()
-    runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
-                     eval_set)  # fmt: skip
+        output = Path(args.output)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+        config = Path(args.config).resolve()
+        runs = plan_runs(str(config), specs, args.seeds, output.resolve(), overrides, args.eval_task, args.eval_limit,
+                         eval_set)  # fmt: skip
+        if not args.report_only:
+            check_every_run(runs, specs)  # the config with every --set and every entry, once, before any run starts
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     command = "sharpgrpo compare " + " ".join(argv if argv is not None else sys.argv[1:])
     if os.sep in args.python:  # the runs start in the repository root: a relative interpreter path is from here
         args.python = str(Path(args.python).absolute())
@@ -161,7 +174,7 @@ def _stop_signals_as_keyboard_interrupt() -> dict[int, Any]:
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
-def _validate_strategy_names(specs: list[StrategySpec], parser: argparse.ArgumentParser) -> None:
+def _validate_strategy_names(specs: list[StrategySpec]) -> None:
     """Unknown strategy names fail before any run starts (the registry lists the valid ones)."""
     from sharpgrpo.strategies import STRATEGIES
 
@@ -170,9 +183,35 @@ def _validate_strategy_names(specs: list[StrategySpec], parser: argparse.Argumen
             try:
                 STRATEGIES.get(name)
             except ValueError as error:
-                parser.error(str(error))
+                raise ConfigError(f"--strategies {spec.label}: {' '.join(str(error).split())}") from None
+
+
+def check_every_run(runs, specs: list[StrategySpec]) -> None:
+    """Each strategy entry's train.py arguments (the config, every --set, the entry's parameters; one seed stands for
+    all) through train.py's own parser and its input checks up to the model (the model source, the reward functions,
+    the dataset's name and arguments), so a bad value stops the comparison at once in one line naming the entry,
+    instead of every run failing on it one by one."""
+    import os
+
+    from sharpgrpo.cli import train
+    from sharpgrpo.run.input_checks import check_training_inputs
+    saved = dict(os.environ)  # the config's env: block is for the runs, not this process
+    try:
+        for spec in specs:
+            run = next(r for r in runs if r.spec is spec)
+            try:
+                task, args, model_args = train.parse_arguments(run.train_args)[:3]
+                check_training_inputs(task, args, model_args, load_dataset=False)
+            except (ConfigError, ValueError) as error:
+                raise ConfigError(f"--strategies {spec.label}: {' '.join(str(error).split())}") from None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 if __name__ == "__main__":
-    result = main()
+    from sharpgrpo.run.errors import one_line_errors
+
+    with one_line_errors():  # one line per error; --debug or SHARPGRPO_DEBUG=1 for the traceback
+        result = main()
     sys.exit(1 if any(r["status"] == "failed" for r in result["runs"]) else 0)

@@ -21,8 +21,18 @@ from sharpgrpo.evaluation import EvalConfig, evaluate
 
 def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
-    parser = HfArgumentParser(EvalConfig, prog="sharpgrpo eval", description=__doc__.split("\n\n")[0])
-    (config,) = parser.parse_args_into_dataclasses(args=argv)
+
+    from sharpgrpo.run.command_line import CommandParser, unknown_option_error
+
+    class EvalParser(HfArgumentParser):
+        error = CommandParser.error  # one line naming the option, not argparse's usage block
+
+    parser = EvalParser(EvalConfig, prog="sharpgrpo eval", description=__doc__.split("\n\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    unknown = unknown_option_error(argv, parser._option_string_actions, parser.prog)
+    if unknown is not None:
+        raise unknown
+    (config,) = parser.parse_args_into_dataclasses(args=argv)  # EvalConfig checks every option's value
     result = evaluate(config)
     print(result["markdown"])
     print(f"Wrote {config.output}", file=sys.stderr)

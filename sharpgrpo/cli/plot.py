@@ -19,7 +19,6 @@ and the number of spikes. The same as ``python -m sharpgrpo plot``; the figures 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +26,26 @@ from sharpgrpo.diagnostics.curve_plots import grad_norm_markdown, plot_runs
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="sharpgrpo plot", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", help="Run folders (or trainer_state.json files).")
+    from sharpgrpo.run.command_line import CommandParser, check_output_folder
+    from sharpgrpo.validation import ConfigError, between, positive
+
+    parser = CommandParser(prog="sharpgrpo plot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", path="exists", help="Run folders (or trainer_state.json files).")
     parser.add_argument("--output", required=True, help="Folder for the PNGs and the grad-norm summary.")
     parser.add_argument("--labels", nargs="+", default=None, help="Legend names, one per run (default: folder names).")
     parser.add_argument(
-        "--smooth", type=float, default=0.0, help="EMA weight in (0, 1) of an overlaid smoothed curve; 0: raw only."
-    )
+        "--smooth", type=float, default=0.0, rule=between(0, 1, high_open=True),
+        help="EMA weight in (0, 1) of an overlaid smoothed curve; 0: raw only.",
+    )  # fmt: skip
     parser.add_argument(
-        "--spike_factor", type=float, default=3.0, help="A grad norm above this x the run's median is a spike."
-    )
+        "--spike_factor", type=float, default=3.0, rule=positive(),
+        help="A grad norm above this x the run's median is a spike.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.labels is not None and len(args.labels) != len(args.runs):
+        raise ConfigError(f"--labels={args.labels}: {len(args.labels)} label(s) for {len(args.runs)} run(s); give "
+                          "one per run.")  # fmt: skip
+    check_output_folder("--output", args.output)
     result = plot_runs(args.runs, args.output, args.labels, args.smooth, args.spike_factor)
     print(grad_norm_markdown(result["grad_norm"], args.spike_factor))
     print("Wrote " + ", ".join(Path(f).name for f in result["files"]))

@@ -44,10 +44,46 @@ def _is_weight_strategy(name: str) -> bool:
     return name in STRATEGIES and STRATEGIES.get(name).kind == "weight"
 
 
+def _check_options(args) -> None:
+    """What the options name, before any file is read or model loaded: the model (folder files, prepared name or Hub
+    id), the input paths, the strategy and every --set field."""
+    import dataclasses
+    import difflib
+
+    from sharpgrpo import SharpGRPOConfig
+    from sharpgrpo.models.source import check_model_source
+    from sharpgrpo.run.command_line import check_input_path
+    from sharpgrpo.strategies import STRATEGIES
+    from sharpgrpo.validation import ConfigError
+
+    if args.telemetry is not None:  # no model: the run's files
+        check_input_path("--telemetry", args.telemetry, "exists")
+        if args.compare is not None:
+            check_input_path("--compare", args.compare, "exists")
+        return
+    if args.model is None:
+        raise ConfigError("--model: required with --completions or --prompts (the model whose probabilities are shown).")
+    check_model_source(args.model, field="--model")
+    if args.completions is not None:
+        check_input_path("--completions", args.completions, "exists")
+    if args.prompts is not None:
+        check_input_path("--prompts", args.prompts, "file")
+    if args.strategy is not None and args.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy={args.strategy!r}: no such strategy; choose one of {', '.join(STRATEGIES.names())}.")
+    fields = [f.name for f in dataclasses.fields(SharpGRPOConfig)]
+    for key, value in args.overrides:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            raise ConfigError(f"--set {key}={value}: {key} is not a SharpGRPOConfig field"
+                              + (f" (did you mean {close[0]}?)." if close else "."))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sharpgrpo.evaluation.models import load_model_and_tokenizer
+    from sharpgrpo.run.command_line import CommandParser, check_output_folder
+    from sharpgrpo.validation import integer, positive
 
-    parser = argparse.ArgumentParser(prog="sharpgrpo tokens", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="sharpgrpo tokens", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="sharpgrpo-tiny, a model/adapter directory or a hub id (not with --telemetry).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -71,18 +107,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sg_*/random_weight_* values (its training_args.json), else the config defaults.",
     )  # fmt: skip
     parser.add_argument(
-        "--temperature", type=float, default=None, help="Logit temperature (default: the run's, else the config's)."
-    )
-    parser.add_argument("--num_samples", type=int, default=4, help="Samples per prompt (with --prompts).")
-    parser.add_argument("--max_new_tokens", type=int, default=256, help="Sample length (with --prompts).")
-    parser.add_argument("--max_rows", type=int, default=None, help="Analyse at most this many logged completions.")
-    parser.add_argument("--top", type=int, default=100, help="Tokens per table (the paper: 100).")
-    parser.add_argument("--chart_top", type=int, default=25, help="Tokens per bar-chart panel.")
-    parser.add_argument("--min_count", type=int, default=5, help="Rank only tokens seen at least this often.")
-    parser.add_argument("--batch_size", type=int, default=8)
+        "--temperature", type=float, default=None, rule=positive(allow_none=True),
+        help="Logit temperature (default: the run's, else the config's).",
+    )  # fmt: skip
+    parser.add_argument("--num_samples", type=int, default=4, rule=integer(1), help="Samples per prompt (with --prompts).")
+    parser.add_argument("--max_new_tokens", type=int, default=256, rule=integer(1), help="Sample length (with --prompts).")
+    parser.add_argument("--max_rows", type=int, default=None, rule=integer(1, allow_none=True),
+                        help="Analyse at most this many logged completions.")  # fmt: skip
+    parser.add_argument("--top", type=int, default=100, rule=integer(1), help="Tokens per table (the paper: 100).")
+    parser.add_argument("--chart_top", type=int, default=25, rule=integer(1), help="Tokens per bar-chart panel.")
+    parser.add_argument("--min_count", type=int, default=5, rule=integer(1),
+                        help="Rank only tokens seen at least this often.")  # fmt: skip
+    parser.add_argument("--batch_size", type=int, default=8, rule=integer(1))
     parser.add_argument("--apply_chat_template", action="store_true", help="Wrap string prompts as a user message.")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, rule=integer(0))
     view = parser.add_argument_group("telemetry page (--telemetry)")
     view.add_argument("--step", type=int, default=None, help="The telemetry step to show (default: the last).")
     view.add_argument("--group", action="append", default=[], help="Group(s) (prompt_index) to show, e.g. 0,3.")
@@ -97,10 +136,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       "the same run).")
     view.add_argument("--max_groups", type=int, default=8, help="Groups shown when --group is not given.")
     args = parser.parse_args(argv)
+    _check_options(args)
+    for label, value, rule in (("--step", args.step, integer(0, allow_none=True)),
+                               ("--compare_step", args.compare_step, integer(0, allow_none=True)),
+                               ("--max_groups", args.max_groups, integer(1))):
+        rule.check(label, value)
+    check_output_folder("--output", args.output)
     if args.telemetry:
         return _telemetry_main(args)
-    if args.model is None:
-        parser.error("--model is required with --completions or --prompts")
     scores = None
     if args.completions:  # read (or fail on) the inputs before the model loads
         prompts, completions, scores = read_logged_rows(args.completions, args.max_rows)
@@ -195,7 +238,7 @@ def _default_column(meta: dict[str, Any], frame) -> str:
 
 
 if __name__ == "__main__":
-    try:
+    from sharpgrpo.run.errors import one_line_errors
+
+    with one_line_errors():  # one line per error; --debug or SHARPGRPO_DEBUG=1 for the traceback
         main()
-    except (FileNotFoundError, ValueError) as error:  # a missing or damaged input file: one line naming it
-        raise SystemExit(f"error: {error}") from None

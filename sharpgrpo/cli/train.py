@@ -66,8 +66,9 @@ class TaskArguments:
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Train into a non-empty output_dir, replacing the run there (its checkpoint-N folders are "
-            "removed). Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
+            "help": "Train into a non-empty output_dir, replacing the run there: everything in it (checkpoint-N "
+            "folders, completions/, weights, logs) is removed first; a folder that holds no training run is refused. "
+            "Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
         },
     )
     print_metrics: bool = field(
@@ -92,6 +93,10 @@ def main(
     from sharpgrpo.run.run_output import check_process_count
 
     check_process_count()
+    from sharpgrpo.models.source import check_model_source
+
+    # The model folder (config, weights, tokenizer), a prepared name or a Hub id: before output_dir is touched.
+    check_model_source(model_args.model_name_or_path or "sharpgrpo-tiny", revision=model_args.model_revision)
     try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
         training_args.resume_from_checkpoint = resolve_resume_checkpoint(
             training_args.resume_from_checkpoint, training_args.output_dir
@@ -112,11 +117,9 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
 
     from sharpgrpo import SharpGRPOTrainer
     from sharpgrpo.data.chat_prompts import warn_if_template_unused
-    from sharpgrpo.data.checks import load_checked_dataset
     from sharpgrpo.data.row_checks import check_prompt_lengths, model_context_length
     from sharpgrpo.models.prepared import resolve_model_name
-    from sharpgrpo.models.source import check_model_source
-    from sharpgrpo.run.input_checks import check_rewards, resolve_reward_functions
+    from sharpgrpo.run.input_checks import check_training_inputs
     from sharpgrpo.run.lifecycle import (
         CheckpointError,
         NonFiniteTrainingError,
@@ -127,11 +130,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     from sharpgrpo.run.run_output import CompletionsCallback, QuietProgressCallback, training_summary
     from sharpgrpo.validation import ConfigError
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
-    model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
-    check_model_source(model_name, revision=model_args.model_revision)
-    reward_funcs = resolve_reward_functions(task.reward_funcs)
-    train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
-    check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
+    model_name, reward_funcs, train_dataset = check_training_inputs(task, training_args, model_args)
 
     model_path = resolve_model_name(model_name)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
@@ -156,7 +155,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     training_args.model_init_kwargs = model_init_kwargs or None
 
     trainer = SharpGRPOTrainer(
-        model=model_path,
+        model=model_name,  # as given: the trainer resolves a prepared name and names it on a saved adapter
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
@@ -224,14 +223,20 @@ def cli(args: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
     with one_line_errors(args):  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
         apply_config_env(args)  # before transformers and datasets are imported: they read it once, on import
-        from trl import ModelConfig
+        main(*parse_arguments(args))
 
-        from sharpgrpo import SharpGRPOConfig
-        from sharpgrpo.run.config_parser import ConfigParser
-        from sharpgrpo.settings import training_setting_arguments
 
-        parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
-        main(*parser.parse_args_and_config(args))
+def parse_arguments(args: list[str]) -> tuple:
+    """``(TaskArguments, SharpGRPOConfig, ModelConfig, *setting arguments)`` from a config and command-line flags,
+    through train.py's parser (:class:`sharpgrpo.run.config_parser.ConfigParser`): the config checks itself here."""
+    from trl import ModelConfig
+
+    from sharpgrpo import SharpGRPOConfig
+    from sharpgrpo.run.config_parser import ConfigParser
+    from sharpgrpo.settings import training_setting_arguments
+
+    parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
+    return tuple(parser.parse_args_and_config(list(args)))
 
 
 if __name__ == "__main__":

@@ -117,6 +117,26 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
     return "\n".join(lines)
 
 
+MIN_RUNS_FOR_BAND = 3  # below it the plot shows each run instead of a Student-t band
+
+
+def clipped_band(
+    series: list[tuple[list[int], list[float]]], confidence: float
+) -> tuple[list[int], list[float], list[float | None], list[float | None]]:
+    """``curve_band`` with the interval clipped to the range the runs' values take (over all their steps): a band
+    cannot claim a reward the metric never reached (with 2 seeds a 95% band spanned -2 to 4 for a reward in [0, 1])."""
+    steps, means, lows, highs = curve_band(series, confidence)
+    values = [v for _, run in series for v in run if v is not None]
+    if not values:
+        return steps, means, lows, highs
+    low_end, high_end = min(values), max(values)
+
+    def clip(value):
+        return None if value is None else min(max(value, low_end), high_end)
+
+    return steps, means, [clip(v) for v in lows], [clip(v) for v in highs]
+
+
 def plot_bands(
     histories: dict[str, dict[int, list]], key: str, path: Path, title: str, confidence: float, smooth: float = 0.0
 ) -> bool:
@@ -136,17 +156,22 @@ def plot_bands(
         series = [s for s in series if s[0]]
         if 0 < smooth < 1:
             series = [(steps, ema(values, smooth)) for steps, values in series]
-        steps, means, lows, highs = curve_band(series, confidence)
+        steps, means, lows, highs = clipped_band(series, confidence)
         if not steps:
             continue
         color = colors[index % len(colors)]
         ax.plot(steps, means, color=color, linewidth=1.4, label=f"{label} (n={len(series)})")
-        if len(series) > 1:
+        if len(series) >= MIN_RUNS_FOR_BAND:
             ax.fill_between(steps, lows, highs, color=color, alpha=0.2, linewidth=0)
+        else:  # the runs themselves: with 2 seeds the t interval is 12.7 standard errors wide
+            for run_steps, values in series:
+                ax.plot(run_steps, values, color=color, linewidth=0.6, alpha=0.45)
         drawn = True
     if drawn:
         note = f", EMA {smooth:g} per run" if 0 < smooth < 1 else ""
-        ax.set_title(f"{title}: mean over seeds, {round(100 * confidence)}% band{note}", fontsize=10)
+        shown = (f"{round(100 * confidence)}% band clipped to the runs' range (thin lines: the runs where fewer than "
+                 f"{MIN_RUNS_FOR_BAND} seeds)")  # fmt: skip
+        ax.set_title(f"{title}: mean over seeds, {shown}{note}", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

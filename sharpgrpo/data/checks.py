@@ -85,16 +85,35 @@ def check_dataset_kwargs(dataset_name: str, kwargs: dict[str, Any]) -> None:
 
 
 def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_prompts: bool = False) -> None:
-    """A local ``.jsonl`` (or JSON-lines ``.json``) file: not empty, every non-blank line a JSON object, and with
-    ``check_prompts`` (the rows are used as they are) every line's ``prompt`` one TRL can train on."""
+    """A local ``.parquet`` file readable as Parquet; a local ``.jsonl`` (or JSON-lines ``.json``) file: UTF-8, not
+    empty, every non-blank line a JSON object, and with ``check_prompts`` (the rows are used as they are) every line's ``prompt`` one TRL can train on."""
     from sharpgrpo.data.row_checks import prompt_problem
 
     path = Path(path)
     suffix = path.suffix.lower()
+    if path.is_file() and suffix == ".parquet":
+        import pyarrow.parquet
+
+        try:
+            pyarrow.parquet.read_schema(path)
+        except Exception as error:  # noqa: BLE001 - any reason the file is not readable Parquet, named with it
+            raise ConfigError(
+                f"{field}={str(path)!r}: not a readable Parquet file ({type(error).__name__}: "
+                f"{' '.join(str(error).split())})."
+            ) from None
+        return
     if not path.is_file() or suffix not in (".jsonl", ".json"):
         return
-    with path.open(encoding="utf-8") as handle:
-        text = handle.read()
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ConfigError(
+            f"{field}={str(path)!r}: line {line} is not UTF-8 text (byte {raw[error.start]:#04x} at column {column}); "
+            "save the file as UTF-8."
+        ) from None
     if not text.strip():
         raise ConfigError(f"{field}={str(path)!r}: the file is empty (expected one JSON object per line).")
     if suffix == ".json":
@@ -123,9 +142,11 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_
                 raise ConfigError(f"{field}={str(path)!r}: line {number}: prompt {problem}.")
 
 
-def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
-    """Check the dataset's name, arguments and file, load it, and refuse an empty one or one without prompts."""
-    from sharpgrpo.data import DATASETS, load_train_dataset
+def check_dataset_source(dataset_name: str, dataset_kwargs: Any) -> dict[str, Any]:
+    """Everything about the dataset that is known without loading (or downloading) it: the name (a registered
+    dataset, an existing file or folder, or a Hub id), ``dataset_kwargs`` against the loader, and a local JSON-lines
+    file line by line. Returns ``dataset_kwargs`` as a dict."""
+    from sharpgrpo.data import DATASETS
 
     kwargs = parse_dataset_kwargs(dataset_kwargs)
     registered = dataset_name in DATASETS
@@ -138,6 +159,22 @@ def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
     if not registered:
         as_is = not any(kwargs.get(key) for key in ("column_mapping", "prompt_template"))
         check_data_file(Path(dataset_name).expanduser(), check_prompts=as_is)
+    return kwargs
+
+
+def dataset_is_local(dataset_name: str) -> bool:
+    """A registered dataset or an existing file or folder: loading it downloads nothing."""
+    from sharpgrpo.data import DATASETS
+
+    return dataset_name in DATASETS or Path(dataset_name).expanduser().exists()
+
+
+def load_checked_dataset(dataset_name: str, dataset_kwargs: Any):
+    """Check the dataset's name, arguments and file, load it, and refuse an empty one or one without prompts."""
+    from sharpgrpo.data import DATASETS, load_train_dataset
+
+    kwargs = check_dataset_source(dataset_name, dataset_kwargs)
+    registered = dataset_name in DATASETS
     described = f"dataset_name={dataset_name!r}" + (f" with dataset_kwargs={kwargs!r}" if kwargs else "")
     try:
         dataset = load_train_dataset(dataset_name, **kwargs)

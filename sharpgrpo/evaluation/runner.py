@@ -28,6 +28,7 @@ from typing import Any
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 from sharpgrpo.models.source import check_model_source
+from sharpgrpo.validation import ConfigError, between, integer, one_of, positive, validate_fields
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
 # the output paths may change between runs.)
@@ -106,7 +107,8 @@ class EvalConfig:
         default=None,
         metadata={
             "help": "Completion length limit. Default: the run's own `max_completion_length` (training_args.json "
-            "that train.py saves beside the model and in each checkpoint), else 4096 (the papers), capped by the "
+            "that train.py saves beside the model and in each checkpoint), else the task's own (kk and math: the "
+            "papers' 4096; qa and search_qa: Search-R1's 500; addition and strict_letters: 16), capped by the "
             "model's maximum length (max_position_embeddings)."
         },
     )
@@ -164,18 +166,46 @@ class EvalConfig:
 
     def __post_init__(self):
         if self.task not in EVAL_TASKS:
-            raise ValueError(f"Unknown task {self.task!r}; choose one of {', '.join(EVAL_TASKS.names())}.")
-        if self.n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}.")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}.")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+            raise ConfigError(f"task={self.task!r}: Unknown task {self.task!r}; choose one of "
+                              f"{', '.join(EVAL_TASKS.names())}.")  # fmt: skip
+        validate_fields(self, EVAL_FIELD_RULES)
+        for people in self.kk_people:
+            integer(2).check("kk_people", people)
+        if not str(self.output).strip():
+            raise ConfigError("output='': give the result's path, e.g. --output results/kk.json.")
+        output = Path(str(self.output)).expanduser()
+        if output.is_dir():
+            raise ConfigError(f"output={self.output!r}: is a folder; give a file path (x.json writes x.json, x.md "
+                              "and x.samples.jsonl).")  # fmt: skip
+        blocking = next((p for p in output.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise ConfigError(f"output={self.output!r}: lies below {blocking}, which is a file.")
         self.data = [self.data] if isinstance(self.data, str) else list(self.data)
         if self.task == "kk" or self.prompt_format is None:  # other tasks ignore it
             self.prompt_format = kk_prompt_format(self.prompt_format, self.apply_chat_template)
         self.kk_people = [int(n) for n in self.kk_people]
         self.sampled_datasets = list(self.sampled_datasets)
+
+
+# What each option of `sharpgrpo eval` accepts, checked when the configuration is built (before any file or model).
+EVAL_FIELD_RULES = {
+    "n_samples": integer(1),
+    "limit": integer(1, allow_none=True),
+    "max_new_tokens": integer(1, allow_none=True),
+    "temperature": positive(note="the sampled data sets' temperature; the others are decoded greedily"),
+    "top_p": between(0, 1, low_open=True),
+    "seed": integer(0),
+    "backend": one_of("auto", "vllm", "transformers"),
+    "batch_size": integer(1, allow_none=True),
+    "dtype": one_of("auto", "float32", "bfloat16", "float16"),
+    "gpu_memory_utilization": between(0, 1, low_open=True),
+    "tensor_parallel_size": integer(1),
+    "max_model_len": integer(1, allow_none=True),
+    "max_search_turns": integer(1),
+    "retrieval_topk": integer(1),
+    "max_obs_tokens": integer(1, allow_none=True),
+    "max_turn_tokens": integer(1, allow_none=True),
+}
 
 
 def kk_prompt_format(prompt_format: str | None, apply_chat_template: bool) -> str:
@@ -208,13 +238,17 @@ def _model_max_length(path: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def default_max_new_tokens(model: str) -> tuple[int, str]:
+def default_max_new_tokens(model: str, task: str | None = None) -> tuple[int, str]:
     """``(budget, where it comes from)``: the run's ``max_completion_length`` from ``training_args.json`` in the
-    model folder or, for a ``checkpoint-N``, its run folder; else 4096; capped by the model's maximum length."""
+    model folder or, for a ``checkpoint-N``, its run folder; else the task's own default
+    (``EvalTask.default_max_new_tokens``; without a task the papers' 4096); capped by the model's maximum length."""
     from sharpgrpo.models.prepared import resolve_model_name
 
     path = Path(resolve_model_name(model))
     budget, source = PAPERS_MAX_NEW_TOKENS, f"the papers' {PAPERS_MAX_NEW_TOKENS}"
+    if task is not None:
+        budget = EVAL_TASKS.get(task).default_max_new_tokens
+        source = f"the {task} task's default {budget}"
     for folder in (path, path.parent):
         args_file = folder / "training_args.json"
         try:
@@ -324,7 +358,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
     # A missing local path or an unknown Hub id is refused with one line before any file is written or model loaded.
     check_model_source(config.model, field="--model")
     if config.max_new_tokens is None:
-        budget, source = default_max_new_tokens(config.model)
+        budget, source = default_max_new_tokens(config.model, config.task)
         config = dataclasses.replace(config, max_new_tokens=budget)
         if config.progress:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)

@@ -140,6 +140,9 @@ class EvalTask:
     """Interface of an evaluation setting (see the module docstring)."""
 
     name: ClassVar[str]
+    # The new-token budget when neither --max_new_tokens nor the evaluated run (its max_completion_length) gives one:
+    # what an answer of this task needs, so a reply that loops stops there (the papers' 4096 for their reasoning tasks).
+    default_max_new_tokens: ClassVar[int] = 4096
 
     def load_problems(self, config) -> list[Problem]:
         raise NotImplementedError
@@ -455,6 +458,7 @@ class QATask(EvalTask):
     ``qa_split``). Rows are grouped by ``data_source`` when present (Search-R1's nq, hotpotqa, ...), else by source."""
 
     name = "qa"
+    default_max_new_tokens = 500  # Search-R1's data.max_response_length (example/multinode/train_grpo_*.sh)
 
     def load_problems(self, config) -> list[Problem]:
         if not config.data:
@@ -527,6 +531,7 @@ class AdditionTask(EvalTask):
 
     name = "addition"
     GROUPS = ("no carry", "carry")
+    default_max_new_tokens = 16  # a sum of two digits; smol_addition_demo trains with 12
 
     def load_problems(self, config) -> list[Problem]:
         from sharpgrpo.data.addition import addition_question

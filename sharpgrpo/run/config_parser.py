@@ -4,7 +4,7 @@ with :mod:`sharpgrpo.run.config_file` and reporting every parse error in one lin
 Differences from ``TrlParser``: duplicate YAML keys, unbounded aliases and a non-scalar ``env:`` value are refused
 (:func:`sharpgrpo.run.config_file.read_config`); a value argparse cannot convert (``num_generations: "eight"``,
 ``bf16: maybe``) or a missing ``--config`` value is a :class:`~sharpgrpo.validation.ConfigError` naming the field and
-the value instead of argparse's usage block; an unknown config key names the closest field.
+the value instead of argparse's usage block; an unknown config key or command-line flag names the closest field.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ class ConfigParser(TrlParser):
                     + (f" (did you mean {close[0]}?)" if close else "")
                     + "; see python train.py --help."
                 )
+        if fail_with_unknown_args and not return_remaining_strings:  # a mistyped flag names the closest field
+            from sharpgrpo.run.command_line import unknown_option_error
+
+            unknown = unknown_option_error(args, self._option_string_actions, "train.py")
+            if unknown is not None:
+                raise unknown
         output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
         if return_remaining_strings:
             if separate_remaining_strings:

@@ -14,7 +14,8 @@ _debugging = False  # set by one_line_errors: --debug or SHARPGRPO_DEBUG=1 was g
 
 @contextlib.contextmanager
 def one_line_errors(argv: list[str] | None = None):
-    """Run the script's body; an error prints ``error: <message>`` (one line) and exits with status 1.
+    """Run the script's body; an error prints ``error: <message>`` (one line) and exits with status 1; an interrupt
+    that reaches here (a second Ctrl-C) prints one line and exits with status 130.
 
     ``--debug`` (removed from ``argv``, ``sys.argv`` by default, before the parser sees it) or the environment
     variable ``SHARPGRPO_DEBUG=1`` lets the exception propagate with its full traceback instead.
@@ -34,6 +35,14 @@ def one_line_errors(argv: list[str] | None = None):
             print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
             sys.exit(1)
         raise
+    except KeyboardInterrupt:  # a second Ctrl-C stops at once (the first one asks for a checkpoint): no traceback
+        if debug:
+            close_progress_bars()
+            raise
+        close_progress_bars()
+        print("error: interrupted (Ctrl-C) and stopped at once; nothing after the last saved checkpoint was kept "
+              f"(full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)", file=sys.stderr)  # fmt: skip
+        sys.exit(130)
     except Exception as error:
         if debug:
             close_progress_bars()

@@ -1,9 +1,36 @@
-"""``train.py``'s checks of the reward functions against the dataset: the names resolve, each function's declared
-columns exist, one weight per function, and no column a function reads is empty in every row."""
+"""``train.py``'s checks of its inputs before a model loads: the model source, the reward functions (the names
+resolve, each function's declared columns exist, one weight per function, no column a function reads is empty in
+every row) and the dataset."""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from sharpgrpo.validation import ConfigError
+
+
+class TrainingInputs(NamedTuple):
+    model_name: str  # as the user gave it (a prepared name, a folder or a Hub id)
+    reward_funcs: list
+    train_dataset: Any  # None when it was not loaded (load_dataset=False)
+
+
+def check_training_inputs(task, training_args, model_args, load_dataset: bool = True) -> TrainingInputs:
+    """What ``train.py`` checks after parsing and before any model loads, in its order: the model folder (or prepared
+    name, or Hub id), the reward functions, the dataset's name and arguments, then (``load_dataset``) the loaded
+    dataset and the rewards against its columns. ``load_dataset=False`` stops before anything is downloaded."""
+    from sharpgrpo.data.checks import check_dataset_source, load_checked_dataset
+    from sharpgrpo.models.source import check_model_source
+
+    model_name = model_args.model_name_or_path or "sharpgrpo-tiny"
+    check_model_source(model_name, revision=model_args.model_revision)
+    reward_funcs = resolve_reward_functions(task.reward_funcs)
+    check_dataset_source(task.dataset_name, task.dataset_kwargs)
+    if not load_dataset:
+        return TrainingInputs(model_name, reward_funcs, None)
+    train_dataset = load_checked_dataset(task.dataset_name, task.dataset_kwargs)
+    check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
+    return TrainingInputs(model_name, reward_funcs, train_dataset)
 
 
 def resolve_reward_functions(names: list[str]) -> list:

@@ -7,9 +7,11 @@ Before anything loads, :func:`guard_output_dir` (``train.py`` holds it for the w
 * refuses a second run on a folder another live run holds (an ``fcntl`` lock on :data:`LOCK_NAME`, released by the
   operating system when the process ends, however it ends);
 * refuses a non-empty folder unless the run resumes (``resume_from_checkpoint``) or the user says to overwrite
-  (``overwrite_output_dir``, as transformers named it). Overwriting removes the earlier run's ``checkpoint-N``
-  folders, which ``--resume_from_checkpoint true`` would otherwise take for this run's; other files are replaced as
-  the new run writes them.
+  (``overwrite_output_dir``, as transformers named it). Overwriting replaces the whole earlier run: everything in the
+  folder is removed before this run starts (its ``checkpoint-N`` folders, which ``--resume_from_checkpoint true``
+  would take for this run's, and its ``completions/``, which ``sharpgrpo tokens`` would read as this run's). Only a
+  folder that holds a training run is emptied (:func:`is_run_folder`); any other non-empty folder is refused, so
+  ``--output_dir . --overwrite_output_dir true`` cannot delete a project.
 
 Only the main process (``RANK`` 0) checks and locks: the others start together with it and write nothing here first.
 """
@@ -26,6 +28,10 @@ from sharpgrpo.validation import ConfigError
 
 LOCK_NAME = ".sharpgrpo.lock"
 _CHECKPOINT_PREFIX = "checkpoint-"
+# What a training run writes into its output_dir (transformers, TRL, sharpgrpo); any one marks the folder as a run's.
+RUN_FILES = ("trainer_state.json", "training_args.bin", "training_args.json", "completions", "config.json",
+             "adapter_config.json",
+             "training_curves.png", "model.safetensors", "adapter_model.safetensors")
 
 
 def is_main_process() -> bool:
@@ -53,12 +59,17 @@ def check_output_dir_location(output_dir: str | os.PathLike, field: str = "outpu
         ) from None
     return path
 
+# Written into the run's folder, for this run, by the command that launches it before it starts (`sharpgrpo compare`
+# logs each run to train.log there): neither an earlier run's file nor removed when the run replaces one.
+LAUNCHER_FILES = ("train.log",)
+
 
 def previous_run_files(path: Path) -> list[str]:
-    """What an earlier run (or anything else) left in ``path``: every entry but the lock file."""
+    """What an earlier run (or anything else) left in ``path``: every entry but the lock file and the launcher's
+    log (:data:`LAUNCHER_FILES`)."""
     if not path.is_dir():
         return []
-    return sorted(entry.name for entry in path.iterdir() if entry.name != LOCK_NAME)
+    return sorted(entry.name for entry in path.iterdir() if entry.name not in (LOCK_NAME, *LAUNCHER_FILES))
 
 
 @contextlib.contextmanager
@@ -83,15 +94,31 @@ def guard_output_dir(
                     "Continue that run with --resume_from_checkpoint true, replace it with --overwrite_output_dir "
                     "true, or choose another output_dir."
                 )
-            for name in used:
-                if name.startswith(_CHECKPOINT_PREFIX) and (path / name).is_dir():
-                    shutil.rmtree(path / name)
+            if not is_run_folder(path):
+                raise ConfigError(
+                    f"{field}={str(output_dir)!r} holds files that are not a training run's ({', '.join(used[:6])}): "
+                    "overwrite_output_dir replaces an earlier run's folder only; choose another output_dir."
+                )
+            for name in used:  # the whole earlier run: nothing of it is read as this run's
+                entry = path / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         yield
         failed = False
     finally:
         _release_lock(handle)
         if failed and not existed and previous_run_files(path) == []:  # a refused run leaves no folder behind
             shutil.rmtree(path, ignore_errors=True)
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether ``path`` holds a training run: a ``checkpoint-N`` folder or an entry named in :data:`RUN_FILES`."""
+    return any(
+        entry.name in RUN_FILES or (entry.name.startswith(_CHECKPOINT_PREFIX) and entry.is_dir())
+        for entry in path.iterdir()
+    )
 
 
 def _acquire_lock(path: Path, field: str):

@@ -47,7 +47,8 @@ class QuietProgressCallback(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs:
             shown = {k: logs[k] for k in ("loss", "reward") if isinstance(logs.get(k), (int, float))}
-            self.training_bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
+            # refresh now: the bar is next redrawn by the following step, so the last step would show the one before
+            self.training_bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=True)
 
     @classmethod
     def install(cls, trainer) -> None:

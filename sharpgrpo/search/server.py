@@ -334,16 +334,30 @@ class RetrievalServerProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="sharpgrpo serve", description=__doc__.split("\n\n")[0])
+    from sharpgrpo.run.command_line import CommandParser, check_input_path
+    from sharpgrpo.validation import ConfigError, integer
+
+    parser = CommandParser(prog="sharpgrpo serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", required=True, help="Search-R1 corpus .jsonl ({id, contents} per line).")
     parser.add_argument("--retriever", default="bm25", choices=["bm25", "dense"])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port_file).")
+    parser.add_argument("--port", type=int, default=8000, rule=integer(0, 65535),
+                        help="0 picks a free port (see --port_file).")  # fmt: skip
     parser.add_argument("--port_file", default=None, help="Write the bound port here once the index is built.")
-    parser.add_argument("--max_queries", type=int, default=MAX_QUERIES, help="Most queries per request (else 413).")
-    parser.add_argument("--max_body_bytes", type=int, default=MAX_BODY_BYTES, help="Largest request body (else 413).")
+    parser.add_argument("--max_queries", type=int, default=MAX_QUERIES, rule=integer(1),
+                        help="Most queries per request (else 413).")  # fmt: skip
+    parser.add_argument("--max_body_bytes", type=int, default=MAX_BODY_BYTES, rule=integer(1),
+                        help="Largest request body (else 413).")  # fmt: skip
     parser.add_argument("--parent_pid", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        if not args.corpus.startswith("shared:"):
+            check_input_path("--corpus", args.corpus, "file")
+        if args.port_file is not None and Path(args.port_file).is_dir():
+            raise ConfigError(f"--port_file={args.port_file!r}: is a folder; give a file path.")
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
     try:
         serve(args.corpus, args.retriever, args.host, args.port, args.port_file, args.parent_pid, args.max_queries,
               args.max_body_bytes)

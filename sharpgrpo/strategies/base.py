@@ -141,6 +141,10 @@ class TokenWeightStrategy(Strategy):
     # its centre underflows in float32) sets this, and is then checked for >= 0. Such a strategy must not be combined
     # with ``kl_weighting: inside`` (log w).
     zero_weights: ClassVar[bool] = False
+    # The temperature of the log-probabilities the loss reads (its weights, ratio and KL, and the reference's); None:
+    # the sampling temperature, as TRL computes them (softmax(logits / T)). A strategy reproducing code that scores
+    # raw logits sets 1.0; the trainer then scores the policy and the reference at that temperature.
+    loss_logps_temperature: ClassVar[float | None] = None
 
     @classmethod
     def check_config(cls, args: Any) -> None:

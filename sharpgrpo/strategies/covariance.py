@@ -397,6 +397,9 @@ class ReleasedCovarianceWeights(TokenWeightStrategy):
     # micro-batch was 1e-43 to 1e-9 on most steps, and exactly 0 on 2 of 3 seeds within 12 steps (docs/methods.md
     # §2.3). The released code trains on with such a weight (the token gets no gradient), and so does this one.
     zero_weights = True
+    # The released trainer (a TRL before temperature scaling reached the loss) computes every log-probability of its
+    # loss, and the reference's, from logits not divided by the sampling temperature (docs/methods.md §2.3).
+    loss_logps_temperature = 1.0
 
     def __init__(self, args: Any):
         super().__init__(args)

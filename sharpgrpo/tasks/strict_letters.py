@@ -73,6 +73,7 @@ def register_strict_letters_eval() -> None:
         ``n_samples`` times (group ``sampled``: avg@n and pass@k); ``limit`` caps the subsets."""
 
         name = "strict_letters"
+        default_max_new_tokens = 16  # a short word; strict_letters_cpu trains with 8
 
         def load_problems(self, config):
             subsets = ["".join(c) for c in itertools.combinations(DEMO_LETTERS, 3)]

@@ -60,7 +60,10 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
         "--set", f"model_name_or_path={tiny_model_path}", "max_steps=2", "per_device_train_batch_size=8",
         "num_generations=4", "dataset_kwargs={\"num_prompts\": 16}",
     ]  # fmt: skip
-    bad = "equal:learning_rate=not_a_number"  # train.py rejects it: the run crashes
+    # Passes the checks compare runs before any run (issue 32: a bad value is refused there, see
+    # tests/test_entry_point_errors.py) but not train.py's prompt-length check against the model's 4096-token
+    # context, which reads the model's config: each of its runs crashes.
+    bad = "equal:max_completion_length=5000"
     full = [*common, "--seeds", "0", "1", "--strategies", "equal", "grpo_sg", bad]
     runs_dir = output / "runs"
 
@@ -86,7 +89,7 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
     assert stopped_after < 75, stopped_after
     assert "Interrupted: stopped 1 running run(s), cancelled 4 queued run(s)" in stderr
     assert "Re-run the same command to resume" in stderr and "Traceback" not in stderr
-    assert not (runs_dir / "grpo_sg").exists() and not (runs_dir / "equal__learning_rate=not_a_number").exists()
+    assert not (runs_dir / "grpo_sg").exists() and not (runs_dir / "equal__max_completion_length=5000").exists()
     assert not (runs_dir / "equal" / "seed1" / MARKER).exists()
     interrupted = json.loads((output / "summary.json").read_text())
     assert {(r["strategy"], r["seed"]): r["status"] for r in interrupted["runs"]} == {
@@ -94,8 +97,8 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
         ("equal", 1): "interrupted",
         ("grpo_sg", 0): "cancelled",
         ("grpo_sg", 1): "cancelled",
-        ("equal (learning_rate=not_a_number)", 0): "cancelled",
-        ("equal (learning_rate=not_a_number)", 1): "cancelled",
+        ("equal (max_completion_length=5000)", 0): "cancelled",
+        ("equal (max_completion_length=5000)", 1): "cancelled",
     }
     equal0 = interrupted["runs"][0]["metrics"]
     assert equal0["steps"] == 2
@@ -111,8 +114,8 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
         ("equal", 1): "done",
         ("grpo_sg", 0): "done",
         ("grpo_sg", 1): "done",
-        ("equal (learning_rate=not_a_number)", 0): "failed",
-        ("equal (learning_rate=not_a_number)", 1): "failed",
+        ("equal (max_completion_length=5000)", 0): "failed",
+        ("equal (max_completion_length=5000)", 1): "failed",
     }
     assert state.stat().st_mtime_ns == mtime
     on_disk = json.loads((output / "summary.json").read_text())
@@ -120,7 +123,7 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
         reward = on_disk["strategies"][label]["metrics"]["final_reward"]
         assert reward["n"] == 2 and reward["low"] <= reward["mean"] <= reward["high"]
     assert on_disk["differences"]["grpo_sg"]["final_reward"]["seeds"] == [0, 1]
-    assert on_disk["strategies"]["equal (learning_rate=not_a_number)"]["seeds"] == []
+    assert on_disk["strategies"]["equal (max_completion_length=5000)"]["seeds"] == []
     runs = {(r["strategy"], r["seed"]): r for r in on_disk["runs"]}
     assert runs[("grpo_sg", 1)]["metrics"]["steps"] == 2 and runs[("equal", 1)]["metrics"]["steps"] == 2
     assert runs[("equal", 0)]["metrics"] == equal0
@@ -130,7 +133,7 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
     for run in on_disk["runs"]:
         if run["status"] == "failed":
             assert f"seed {run['seed']}: exit code 1 of train.py" in report
-            assert run["log"] in report and "learning_rate" in Path(run["log"]).read_text()
+            assert run["log"] in report and "max_completion_length" in Path(run["log"]).read_text()
             assert run["metrics"] is None
 
     # 3. --report_only runs nothing: finished runs are aggregated, the others listed as not run.

@@ -129,3 +129,18 @@ def test_summarize_and_band():
     steps, means, _lows, highs = curve_band([([1, 2, 3], [0.0, 1.0, 2.0]), ([2, 3], [3.0, 4.0])])
     assert steps == [2, 3] and means == [2.0, 3.0]
     assert highs[0] - means[0] == pytest.approx(12.7062047 * math.sqrt(2.0) / math.sqrt(2), rel=1e-7)
+
+
+def test_plotted_band_stays_within_the_runs_range():
+    """Two seeds of a reward in [0, 1]: the t interval (12.7 standard errors at 95%) leaves [0, 1]; the plotted band
+    is clipped to the range the runs took, and the plot shows the runs instead of a band below 3 seeds."""
+    from sharpgrpo.compare.report import MIN_RUNS_FOR_BAND, clipped_band
+    from sharpgrpo.compare.stats import curve_band
+
+    series = [([1, 2, 3], [0.0, 0.5, 1.0]), ([1, 2, 3], [1.0, 0.0, 0.25])]
+    _, _, raw_lows, raw_highs = curve_band(series, 0.95)
+    assert min(raw_lows) < 0 and max(raw_highs) > 1  # the unclipped band claims rewards never reached
+    steps, means, lows, highs = clipped_band(series, 0.95)
+    assert steps == [1, 2, 3] and means == pytest.approx([0.5, 0.25, 0.625])
+    assert all(0.0 <= low <= mean <= high <= 1.0 for low, mean, high in zip(lows, means, highs, strict=True))
+    assert lows[0] == 0.0 and highs[0] == 1.0 and MIN_RUNS_FOR_BAND > len(series)

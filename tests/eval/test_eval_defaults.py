@@ -41,3 +41,17 @@ def test_evaluate_uses_the_run_budget(tiny_model_path, tmp_path):
     lines = output_paths(tmp_path / "kk.json")["samples"].read_text().splitlines()
     records = [json.loads(line) for line in lines[1:]]
     assert len(records) == 2 and all(0 < n <= 5 for r in records for n in r["num_tokens"])
+
+
+def test_without_a_run_each_task_has_its_own_budget(tiny_model_path, tmp_path):
+    """A prepared model has no run folder: the budget is the task's, not the papers' 4096 (on 2 CPU cores a greedy
+    addition reply that looped to 4096 tokens made `sharpgrpo eval --task addition` run 38 minutes)."""
+    model = str(model_copy(tiny_model_path, tmp_path / "model", max_position_embeddings=8192))
+    assert default_max_new_tokens(model, "addition") == (16, "the addition task's default 16")
+    assert default_max_new_tokens(model, "qa")[0] == default_max_new_tokens(model, "search_qa")[0] == 500
+    assert default_max_new_tokens(model, "kk")[0] == default_max_new_tokens(model, "math")[0] == PAPERS_MAX_NEW_TOKENS
+    (tmp_path / "model" / "training_args.json").write_text(json.dumps({"max_completion_length": 9}))
+    assert default_max_new_tokens(model, "addition")[0] == 9  # the run's own setting still comes first
+    result = evaluate(model="sharpgrpo-tiny", task="addition", limit=2, output=str(tmp_path / "add.json"),
+                      progress=False)  # fmt: skip
+    assert result["settings"]["max_new_tokens"] == 16

@@ -291,3 +291,86 @@ def test_a_weight_that_underflows_to_zero_is_accepted():
     assert checker.count_bad_weights(shaped, weights, logps, mask) == 1
     with pytest.raises(ValueError, match=r"value\(s\) <= 0 .* must be > 0"):
         checker.raise_for_weights(shaped, weights, logps, mask)
+
+
+def raw_logit_logps(model, input_ids, attention, cols, temperature=1.0):
+    """Per-token log-probabilities of the completion's tokens from the model's logits divided by ``temperature``, in
+    float64, as the released ``_get_per_token_logps`` computes them at 1 (github WangCheng0116/CW-GRPO at 4d46a2c,
+    src/open_r1/trl/trainer/grpo_trainer.py lines 501-537: ``selective_log_softmax(logits, ids)``, no temperature;
+    the temperature reaches only the sampler, lines 438-440 and 450-455)."""
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, -cols - 1 : -1].double() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, -cols:, None]).squeeze(-1)
+
+
+def test_loss_at_the_authors_temperature_reads_logps_at_temperature_1(tiny_model_path, tmp_path, weight_gradient=True):
+    """At the authors' recipe temperature 0.7 the released loss computes w, the ratio and the KL from log-probabilities
+    at temperature 1 (the released compute_loss, lines 760-830, calls _get_per_token_logps, which does not divide the
+    logits): the trainer's loss and gradients equal the float64 transcription on those, and differ from the same
+    transcription on TRL's temperature-scaled log-probabilities (what this variant computed before). Gradients agree to
+    1e-5 (TRL's fused LM head accumulates in chunks; the scaled ones differ by units to tens here)."""
+    rows, prompt, cols = 8, 5, 6
+    args = released_config(tmp_path, beta=0.04, kl_weighting="none", use_bias_correction_kl=False, temperature=0.7,
+                           cw_weight_gradient=weight_gradient, max_completion_length=cols)
+    trainer = make_trainer(tiny_model_path, args, train_dataset=16)
+    model = trainer.model.double().train()
+    gen = torch.Generator().manual_seed(5)
+    vocab = model.config.vocab_size
+    completion_mask = (torch.arange(cols)[None, :] < torch.tensor([2, 6, 3, 4, 6, 1, 5, 6])[:, None]).long()
+    inputs = {
+        "prompt_ids": torch.randint(0, vocab, (rows, prompt), generator=gen),
+        "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
+        "completion_ids": torch.randint(0, vocab, (rows, cols), generator=gen),
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(rows, generator=gen, dtype=torch.float64),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.cat([inputs["prompt_mask"], completion_mask], 1)
+    with torch.no_grad():
+        reference_logps = raw_logit_logps(model, input_ids, attention, cols)
+    inputs["ref_per_token_logps"] = reference_logps + 0.2 * torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    trainer.current_gradient_accumulation_steps = 1
+
+    model.zero_grad()
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    losses, gradients = {}, {}
+    for temperature in (1.0, 0.7):
+        model.zero_grad()
+        current = raw_logit_logps(model, input_ids, attention, cols, temperature)
+        expected = reference_loss(current, current.detach(), inputs["advantages"], completion_mask,
+                                  inputs["ref_per_token_logps"], 0.04, weight_gradient)
+        expected.backward()
+        losses[temperature] = expected.item()
+        gradients[temperature] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads and loss.item() == pytest.approx(losses[1.0], abs=1e-7)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, gradients[1.0][name], rtol=1e-5, atol=1e-5, msg=name)
+    # The temperature matters on this batch: the scaled log-probabilities give another loss and gradient.
+    assert abs(losses[0.7] - losses[1.0]) > 1e-3
+    flat = {t: torch.cat([g.flatten() for g in gradients[t].values()]) for t in gradients}
+    assert (flat[0.7] - flat[1.0]).norm() > 0.05 * flat[1.0].norm()
+
+
+def test_reference_logps_at_the_authors_temperature_are_at_temperature_1(tiny_model_path, tmp_path):
+    """A real generation batch at temperature 0.7 with beta > 0: the reference's log-probabilities stored for the loss
+    are the reference model's at temperature 1 (released lines 640-650 call the same _get_per_token_logps), while the
+    completions are still sampled at 0.7 (the generation config keeps it)."""
+    args = released_config(tmp_path, beta=0.04, kl_weighting="none", use_bias_correction_kl=False, temperature=0.7)
+    trainer = make_trainer(tiny_model_path, args, train_dataset=16)
+    assert trainer.ref_model is not None and trainer.temperature == 0.7
+    assert trainer.generation_config.temperature == 0.7
+    rows = [trainer.train_dataset[i] for i in range(8)]
+    with torch.no_grad():
+        output = trainer._generate_and_score_completions(rows)
+    input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)
+    attention = torch.cat([output["prompt_mask"], output["completion_mask"]], 1)
+    cols, mask = output["completion_ids"].size(1), output["completion_mask"].bool()
+    with torch.no_grad():
+        at_1 = raw_logit_logps(trainer.ref_model, input_ids, attention, cols)
+        at_07 = raw_logit_logps(trainer.ref_model, input_ids, attention, cols, temperature=0.7)
+    stored = output["ref_per_token_logps"].double()
+    torch.testing.assert_close(stored[mask], at_1[mask], rtol=1e-4, atol=1e-4)
+    assert (stored[mask] - at_07[mask]).abs().max() > 1e-2
