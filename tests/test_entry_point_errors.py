@@ -128,7 +128,7 @@ CASES = [
     ("plot labels", lambda i: ["plot", str(i["tmp"]), "--output", str(i["tmp"] / "p"), "--labels", "a", "b"],
      ["--labels"]),
     # serve
-    ("serve port", lambda i: ["serve", "--corpus", str(i["tmp"] / "prompts.txt"), "--port", "-1"], ["--port=-1"]),
+    ("serve port", lambda i: ["serve", "--corpus", str(i["tmp"] / "prompts.txt"), "--port", "-1"], ["--port -1"]),
     ("serve corpus", lambda i: ["serve", "--corpus", str(i["tmp"] / "corpus.jsonl")], ["corpus.jsonl"]),
     ("serve mistyped", lambda i: ["serve", "--corpus", "x.jsonl", "--prot", "1"], ["--prot", "--port"]),
 ]

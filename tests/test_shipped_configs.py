@@ -86,7 +86,7 @@ def parse(path: Path, *extra: str):
 def test_every_config_is_covered():
     assert {path.stem for path in PAPER_CONFIGS} == set(EXPECTED) == set(BATCHES)
     assert any(path.stem == "cw_grpo_math_cpu" for path in CONFIGS)
-    assert {path.stem for path in ACCELERATE_CONFIGS} == {"multi_gpu", "zero2", "zero3"}
+    assert {path.stem for path in ACCELERATE_CONFIGS} == {"multi_gpu", "zero2", "zero3", "fsdp2"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)

@@ -45,13 +45,12 @@ def _is_weight_strategy(name: str) -> bool:
 
 
 def _check_options(args) -> None:
-    """What the options name, before any file is read or model loaded: the model (folder files, prepared name or Hub
-    id), the input paths, the strategy and every --set field."""
+    """What the options name, before any file is read or model loaded: the input paths, the strategy and every --set
+    field (the model is checked once its inputs have been read, before it loads)."""
     import dataclasses
     import difflib
 
     from sharpgrpo import SharpGRPOConfig
-    from sharpgrpo.models.source import check_model_source
     from sharpgrpo.run.command_line import check_input_path
     from sharpgrpo.strategies import STRATEGIES
     from sharpgrpo.validation import ConfigError
@@ -63,7 +62,6 @@ def _check_options(args) -> None:
         return
     if args.model is None:
         raise ConfigError("--model: required with --completions or --prompts (the model whose probabilities are shown).")
-    check_model_source(args.model, field="--model")
     if args.completions is not None:
         check_input_path("--completions", args.completions, "exists")
     if args.prompts is not None:
@@ -80,6 +78,7 @@ def _check_options(args) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sharpgrpo.evaluation.models import load_model_and_tokenizer
+    from sharpgrpo.models.source import check_model_source
     from sharpgrpo.run.command_line import CommandParser, check_output_folder
     from sharpgrpo.validation import integer, positive
 
@@ -149,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prompts, completions, scores = read_logged_rows(args.completions, args.max_rows)
     else:
         prompts, completions = read_prompts(args.prompts), None
+    check_model_source(args.model, field="--model")  # its folder's files, a prepared name or a Hub id
     settings, run_strategies, settings_file = run_settings(args.completions, args.model)
     requested = [args.strategy] if args.strategy else run_strategies
     if any(not _is_weight_strategy(s) for s in requested):  # an advantage strategy: what the loss used, exported

@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--corpus", required=True, help="Search-R1 corpus .jsonl ({id, contents} per line).")
     parser.add_argument("--retriever", default="bm25", choices=["bm25", "dense"])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, rule=integer(0, 65535),
+    parser.add_argument("--port", type=int, default=8000,
                         help="0 picks a free port (see --port_file).")  # fmt: skip
     parser.add_argument("--port_file", default=None, help="Write the bound port here once the index is built.")
     parser.add_argument("--max_queries", type=int, default=MAX_QUERIES, rule=integer(1),
