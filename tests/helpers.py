@@ -77,3 +77,23 @@ def write_jsonl(path: Path, rows) -> str:
     """``rows`` as a JSON-lines file at ``path`` (one object a line); returns the path as a string."""
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return str(path)
+
+
+def sampling_trainer(model_path: str | Path, output_dir: str | Path, **overrides) -> SharpGRPOTrainer:
+    """Two groups of 8 completions of 8 tokens at temperature 0.8, binary rewards; the model in training mode."""
+    args = cpu_config(output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
+                      temperature=0.8, seed=0, **overrides)
+    trainer = make_trainer(model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
+    trainer.model.train()
+    return trainer
+
+
+def generate_batch(trainer: SharpGRPOTrainer, capture: bool) -> dict:
+    """One generation batch of ``sampling_trainer``'s two demo groups, seeded; ``capture``: ``generation_capture``."""
+    import torch
+
+    from sharpgrpo.data.demo import demo_dataset
+
+    trainer.args.generation_capture = capture
+    torch.manual_seed(3)
+    return trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from helpers import binary_letters_reward, cpu_config, make_trainer
+from helpers import binary_letters_reward, cpu_config, generate_batch, sampling_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sharpgrpo.data.demo import demo_dataset
@@ -70,20 +70,6 @@ def test_capture_entropy_matches_full_forward(tiny_model_path):
     torch.testing.assert_close(from_hidden.double(), reference, atol=1e-5, rtol=0)
 
 
-def sampling_trainer(model_path, output_dir, **kwargs):
-    args = cpu_config(output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-                      temperature=0.8, seed=0, **kwargs)
-    trainer = make_trainer(model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
-    trainer.model.train()
-    return trainer
-
-
-def generate(trainer, capture: bool):
-    trainer.args.generation_capture = capture
-    torch.manual_seed(3)
-    return trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
-
-
 def test_advantage_strategies_get_the_sampling_entropy(tiny_model_path, tmp_path, monkeypatch):
     """entropy_shaping on one generation batch: the entropies in its GenerationBatch, captured from `generate` (no
     backbone forward) and from the hidden-state fallback (the vLLM path), equal the entropy of a full forward of the
@@ -93,12 +79,12 @@ def test_advantage_strategies_get_the_sampling_entropy(tiny_model_path, tmp_path
     strategy = trainer.advantage_strategies[0]
     original = strategy.token_advantages
     monkeypatch.setattr(strategy, "token_advantages", lambda batch: seen.append(batch.entropies) or original(batch))
-    forward = generate(trainer, capture=False)
+    forward = generate_batch(trainer, capture=False)
     calls = []
     hidden_states = policy_inputs.completion_hidden_states
     monkeypatch.setattr(policy_inputs, "completion_hidden_states",
                         lambda *a: calls.append("forward") or hidden_states(*a))
-    captured = generate(trainer, capture=True)
+    captured = generate_batch(trainer, capture=True)
     assert calls == [] and torch.equal(captured["completion_ids"], forward["completion_ids"])
     with torch.no_grad():
         reference = trainer._get_per_token_logps_and_entropies(
@@ -135,7 +121,7 @@ def test_weight_strategies_get_the_trained_policys_entropy(tiny_model_path, tmp_
     """The loss passes TRL's own (detached) entropies of the micro-batch to `loss_weights`; an override without the
     keyword is called as before."""
     trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["equal"])
-    inputs = generate(trainer, capture=True)
+    inputs = generate_batch(trainer, capture=True)
     inputs = {k: v[:8] if torch.is_tensor(v) and v.dim() else v for k, v in inputs.items()}
     trainer.current_gradient_accumulation_steps = 1
     trainer.weight_strategy = EntropyRecordingWeights(trainer.args)

@@ -9,7 +9,7 @@ relative (hidden states). In bf16 the same comparison differs by about 1e-2.
 
 import pytest
 import torch
-from helpers import binary_letters_reward, cpu_config, make_trainer
+from helpers import generate_batch, sampling_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sharpgrpo.data.demo import demo_dataset
@@ -80,35 +80,19 @@ def test_capture_refuses_a_mismatched_step_count(tiny):
         capture.result([[1, 2, 3, 4, 5]])
 
 
-def sampling_trainer(model_path, output_dir, **kwargs):
-    """Two groups of 8 completions of 8 tokens at temperature 0.8, binary rewards; the model in training mode."""
-    args = cpu_config(output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-                      temperature=0.8, seed=0, **kwargs)
-    trainer = make_trainer(model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
-    trainer.model.train()
-    return trainer
-
-
-def generate(trainer, capture: bool):
-    trainer.args.generation_capture = capture
-    torch.manual_seed(3)
-    batch = [demo_dataset(16)[i // 8] for i in range(16)]
-    return trainer._generate_and_score_completions(batch)
-
-
 def test_trainer_strategies_without_extra_forward_match_forward_path(tiny_model_path, tmp_path, monkeypatch):
     """cw_grpo, then thr, on one generation batch: token advantages with captured log-probabilities / hidden states
     equal those of the previous forward-based path (same completions), within the KV-cache rounding; the forward
     passes are not called when capturing."""
     trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["cw_grpo", "thr"])
-    reference = generate(trainer, capture=False)
+    reference = generate_batch(trainer, capture=False)
     calls = []
     original = trainer._sampling_logps
     monkeypatch.setattr(trainer, "_sampling_logps", lambda output: calls.append("_sampling_logps") or original(output))
     hidden_states = policy_inputs.completion_hidden_states
     monkeypatch.setattr(policy_inputs, "completion_hidden_states",
                         lambda *a: calls.append("completion_hidden_states") or hidden_states(*a))
-    captured = generate(trainer, capture=True)
+    captured = generate_batch(trainer, capture=True)
     assert calls == []
     assert torch.equal(captured["completion_ids"], reference["completion_ids"])
     assert reference["advantages"].dim() == 2 and (reference["advantages"] != 0).any()
@@ -118,9 +102,9 @@ def test_trainer_strategies_without_extra_forward_match_forward_path(tiny_model_
 def test_thr_fallback_forward_serves_log_probabilities(tiny_model_path, tmp_path, monkeypatch):
     """Without capture (the vLLM case), cw_grpo + thr run one backbone forward and no log-probability forward."""
     trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["cw_grpo", "thr"])
-    with_forward = generate(trainer, capture=False)
+    with_forward = generate_batch(trainer, capture=False)
     monkeypatch.setattr(trainer, "_sampling_logps", lambda output: pytest.fail("second forward"))
-    fallback = generate(trainer, capture=False)
+    fallback = generate_batch(trainer, capture=False)
     torch.testing.assert_close(fallback["advantages"], with_forward["advantages"], atol=0, rtol=0)
 
 
@@ -129,7 +113,7 @@ def test_ar_folded_in_loss_equals_generation_time_ar(tiny_model_path, tmp_path):
     old log-probabilities from a forward (loss and gradients)."""
     trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["passk_mixed", "ar"], passk_k=2)
     assert trainer._folded_strategy() is trainer.advantage_strategies[-1]
-    inputs = generate(trainer, capture=True)
+    inputs = generate_batch(trainer, capture=True)
     advantages = inputs["advantages"]
     assert torch.equal(advantages, advantages[:, :1].expand_as(advantages))  # ar is left to the loss
     assert (advantages != 0).any()

@@ -236,13 +236,11 @@ def test_cw_grpo_cpu_config_trains(tiny_model_path, tmp_path, restore_environmen
 
 
 def _offline_configs():
-    """The configs whose model is built here without any download (the tiny models), and sharpgrpo-smol once built."""
-    from sharpgrpo.models.prepared import default_cache_dir
-
-    names = ["demo", "strict_letters_cpu", "search_demo"]
-    if (default_cache_dir() / "smollm2-135m-instruct-v1" / "config.json").is_file():
-        names.append("smol_addition_demo")
-    return [REPO / "configs" / f"{name}.yaml" for name in names]
+    """The configs whose model is built here without any download (the tiny models), and the real-model demo
+    (sharpgrpo-smol, fetched from PyPI on first use: with the real-model tests)."""
+    paths = [REPO / "configs" / f"{name}.yaml" for name in ("demo", "strict_letters_cpu", "search_demo")]
+    smol = REPO / "configs" / "smol_addition_demo.yaml"
+    return [*paths, pytest.param(smol, marks=pytest.mark.real_model, id="smol_addition_demo")]
 
 
 @pytest.mark.slow

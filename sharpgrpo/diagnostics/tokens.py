@@ -284,11 +284,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# The fields of a run's config that change the analysed probabilities and weights.
-RUN_SETTINGS = (
-    "temperature", "sg_alpha", "sg_mu", "sg_tau", "sg_lower", "sg_upper",
-    "random_weight_low", "random_weight_high", "random_weight_seed",
-)  # fmt: skip
+def run_setting_fields() -> tuple[str, ...]:
+    """The fields of a run's config that change the analysed probabilities and weights: the temperature and every
+    registered weight strategy's own parameters (``params``, beyond how any weight enters the loss)."""
+    from sharpgrpo.strategies import STRATEGIES, TokenWeightStrategy
+
+    weight_classes = [STRATEGIES.get(name) for name in STRATEGIES.names() if STRATEGIES.get(name).kind == "weight"]
+    own = (p for cls in weight_classes for p in cls.params if p not in TokenWeightStrategy.params)
+    return ("temperature", *dict.fromkeys(own))
 
 
 def saved_training_args(*places: str | Path | None) -> tuple[dict[str, Any], Path | None]:
@@ -309,11 +312,11 @@ def saved_training_args(*places: str | Path | None) -> tuple[dict[str, Any], Pat
 
 def run_settings(*places: str | Path | None) -> tuple[dict[str, Any], list[str], Path | None]:
     """``(settings, strategies, file)`` from a run's ``training_args.json`` (:func:`saved_training_args`):
-    the fields of ``RUN_SETTINGS`` and the strategy list; ``({}, [], None)`` when there is none."""
+    the fields of :func:`run_setting_fields` and the strategy list; ``({}, [], None)`` when there is none."""
     saved, file = saved_training_args(*places)
     strategies = saved.get("strategies") or []
     strategies = [strategies] if isinstance(strategies, str) else list(strategies)
-    return {k: saved[k] for k in RUN_SETTINGS if saved.get(k) is not None}, strategies, file
+    return {k: saved[k] for k in run_setting_fields() if saved.get(k) is not None}, strategies, file
 
 
 def read_prompts(path: str | Path) -> list[Any]:
@@ -405,7 +408,7 @@ def analyze_tokens(
             }
             for row, (prompt, (ids, logps), row_weights) in enumerate(zip(prompts, pairs, weights, strict=True))
         ]  # fmt: skip
-        settings = {"temperature": temperature, **{k: getattr(config, k) for k in RUN_SETTINGS if k.startswith("sg_")}}
+        settings = {"temperature": temperature, **{k: getattr(config, k) for k in run_setting_fields() if k.startswith("sg_")}}
         write_token_page(output / "tokens.html", page, strategy_name, strategy_object.bounds(), settings)
         result["files"] = [str(output / f) for f in ("tokens.json", "tokens.md", "tokens.png", "tokens.html")]
     return result

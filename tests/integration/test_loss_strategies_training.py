@@ -126,6 +126,7 @@ TWO_PROCESS_CASES = {
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess  # an `accelerate launch` of two processes
 def test_two_processes_train_as_one(tiny_model_path, tmp_path):
     """``accelerate launch`` with two CPU processes (gloo; tests/integration/test_multiprocess.py's worker, a group split
     between the ranks), off-policy (num_iterations=2): per step the loss, grad norm and reward of one process with

@@ -11,7 +11,7 @@ import pytest
 from _launch_worker import run_case
 from test_multiprocess import NUM_PROCESSES, PER_DEVICE, launch
 
-pytestmark = pytest.mark.slow  # an `accelerate launch` of two processes
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]  # an `accelerate launch` of two processes
 
 CASE = dict(strategies=["grpo_sg", "cw_grpo"], token_telemetry=True, max_steps=2)
 
