@@ -77,6 +77,23 @@ def reference_loss(logps, anchor, advantages, mask, ref_logps, beta, weight_grad
     return ((per_token * m).sum(1) / m.sum(1)).mean()
 
 
+def padded_micro_batch(model, gen: torch.Generator, prompt: int, lengths: list[int], cols: int):
+    """A micro-batch as the loss receives it: random prompts of ``prompt`` tokens, completions of ``cols`` tokens padded
+    after ``lengths``, float64 advantages. Returns (inputs, prompt + completion ids, their attention mask)."""
+    rows, vocab = len(lengths), model.config.vocab_size
+    completion_mask = (torch.arange(cols)[None, :] < torch.tensor(lengths)[:, None]).long()
+    inputs = {
+        "prompt_ids": torch.randint(0, vocab, (rows, prompt), generator=gen),
+        "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
+        "completion_ids": torch.randint(0, vocab, (rows, cols), generator=gen),
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(rows, generator=gen, dtype=torch.float64),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    return inputs, input_ids, torch.cat([inputs["prompt_mask"], completion_mask], 1)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_weights_match_loop_reference(seed, dtype):
@@ -233,18 +250,8 @@ def test_trainer_loss_and_gradients_match_the_reference(tiny_model_path, tmp_pat
     trainer = make_trainer(tiny_model_path, args, train_dataset=16)
     model = trainer.model.double().train()
     gen = torch.Generator().manual_seed(11)
-    vocab = model.config.vocab_size
-    completion_mask = (torch.arange(cols)[None, :] < torch.tensor([1, 6, 3, 4, 6, 2, 5, 6])[:, None]).long()
-    inputs = {
-        "prompt_ids": torch.randint(0, vocab, (rows, prompt), generator=gen),
-        "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
-        "completion_ids": torch.randint(0, vocab, (rows, cols), generator=gen),
-        "completion_mask": completion_mask,
-        "advantages": torch.randn(rows, generator=gen, dtype=torch.float64),
-        "num_items_in_batch": completion_mask.sum(),
-    }
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention = torch.cat([inputs["prompt_mask"], completion_mask], 1)
+    inputs, input_ids, attention = padded_micro_batch(model, gen, prompt, [1, 6, 3, 4, 6, 2, 5, 6], cols)
+    completion_mask = inputs["completion_mask"]
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, cols)
     inputs["ref_per_token_logps"] = logps + 0.2 * torch.randn(rows, cols, generator=gen, dtype=torch.float64)
@@ -314,18 +321,8 @@ def test_loss_at_the_authors_temperature_reads_logps_at_temperature_1(tiny_model
     trainer = make_trainer(tiny_model_path, args, train_dataset=16)
     model = trainer.model.double().train()
     gen = torch.Generator().manual_seed(5)
-    vocab = model.config.vocab_size
-    completion_mask = (torch.arange(cols)[None, :] < torch.tensor([2, 6, 3, 4, 6, 1, 5, 6])[:, None]).long()
-    inputs = {
-        "prompt_ids": torch.randint(0, vocab, (rows, prompt), generator=gen),
-        "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
-        "completion_ids": torch.randint(0, vocab, (rows, cols), generator=gen),
-        "completion_mask": completion_mask,
-        "advantages": torch.randn(rows, generator=gen, dtype=torch.float64),
-        "num_items_in_batch": completion_mask.sum(),
-    }
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention = torch.cat([inputs["prompt_mask"], completion_mask], 1)
+    inputs, input_ids, attention = padded_micro_batch(model, gen, prompt, [2, 6, 3, 4, 6, 1, 5, 6], cols)
+    completion_mask = inputs["completion_mask"]
     with torch.no_grad():
         reference_logps = raw_logit_logps(model, input_ids, attention, cols)
     inputs["ref_per_token_logps"] = reference_logps + 0.2 * torch.randn(rows, cols, generator=gen, dtype=torch.float64)
