@@ -2,8 +2,9 @@
 
 A setting is a module whose import registers what it brings into the package's registries: data sets
 (``sharpgrpo.data.register_dataset``), evaluation tasks (``sharpgrpo.evaluation.EVAL_TASKS``; an ``EvalTask`` may
-choose the evaluator's backend, complete the configuration and wrap the generator, e.g. into multi-turn episodes,
-through its hooks ``backend``, ``prepare_config`` and ``wrap_generator``), training options and their rollout
+declare options of its own (``arguments``: a dataclass ``sharpgrpo eval`` parses as flags, e.g. the setting's training
+arguments), choose the evaluator's backend, complete the configuration and wrap the generator, e.g. into multi-turn
+episodes, through its hooks ``backend``, ``prepare_config`` and ``wrap_generator``), training options and their rollout
 (``register_training_setting``), prepared models
 (``sharpgrpo.models.prepared.register_prepared_model``) and reward functions (``reward_fns.register_reward``). The
 trainer takes a multi-turn rollout as TRL's ``rollout_func``. The modules in ``SETTING_MODULES`` (search and the offline tasks) are

@@ -14,6 +14,7 @@ an interrupted run resume). The same as ``python -m sharpgrpo eval``; from Pytho
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from sharpgrpo.evaluation import EvalConfig, evaluate
@@ -27,16 +28,34 @@ def main(argv: list[str] | None = None) -> dict:
     class EvalParser(HfArgumentParser):
         error = CommandParser.error  # one line naming the option, not argparse's usage block
 
-    parser = EvalParser(EvalConfig, prog="sharpgrpo eval", description=__doc__.split("\n\n")[0])
+    from sharpgrpo.evaluation.tasks import task_argument_classes
+
+    # EvalConfig's flags and each registered task's own options (e.g. search_qa's SearchArguments: the declaration
+    # train.py parses too). Only the task options given on the command line are passed on: the others keep the
+    # task's defaults (search_qa: the evaluated run's own episode limits).
+    option_classes = task_argument_classes()
+    parser = EvalParser((EvalConfig, *option_classes), prog="sharpgrpo eval", description=__doc__.split("\n\n")[0])
     argv = list(sys.argv[1:] if argv is None else argv)
     unknown = unknown_option_error(argv, parser._option_string_actions, parser.prog)
     if unknown is not None:
         raise unknown
-    (config,) = parser.parse_args_into_dataclasses(args=argv)  # EvalConfig checks every option's value
-    result = evaluate(config)
+    namespace, _ = parser.parse_known_args(args=argv)
+    given = _given_options(argv, parser, {f.name for cls in option_classes for f in dataclasses.fields(cls)})
+    config = EvalConfig(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(EvalConfig)})
+    result = evaluate(config, **{name: getattr(namespace, name) for name in given})
     print(result["markdown"])
     print(f"Wrote {config.output}", file=sys.stderr)
     return result
+
+
+def _given_options(argv: list[str], parser, names: set[str]) -> list[str]:
+    """The destinations among ``names`` whose flag occurs in ``argv`` (``--name value`` or ``--name=value``)."""
+    given = []
+    for token in argv:
+        action = parser._option_string_actions.get(token.split("=", 1)[0])
+        if action is not None and action.dest in names and action.dest not in given:
+            given.append(action.dest)
+    return given
 
 
 if __name__ == "__main__":

@@ -47,18 +47,14 @@ RESULT_SETTINGS = (
     "seed",
     "apply_chat_template",
     "merge",
-    "retrieval_url",
-    "retrieval_corpus",
-    "max_search_turns",
-    "retrieval_topk",
-    "max_obs_tokens",
-    "max_turn_tokens",
-)
+)  # and the chosen task's own result options (EvalTask.result_options, e.g. search_qa's retrieval server and limits)
 
 
 @dataclass
 class EvalConfig:
-    """Settings of ``sharpgrpo eval``; every field is a command-line flag of the same name."""
+    """Settings of ``sharpgrpo eval``; every field is a command-line flag of the same name. A task of a setting may take
+    options of its own (``EvalTask.arguments``, e.g. search_qa's retrieval server and episode limits): they are flags
+    too, and keyword arguments of ``evaluate``, not fields of this class."""
 
     model: str = field(
         metadata={"help": "`sharpgrpo-tiny`, a local model directory, a LoRA adapter directory, or a hub id."}
@@ -145,25 +141,6 @@ class EvalConfig:
     gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM: share of GPU memory it may use."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: tensor-parallel GPUs."})
     max_model_len: int | None = field(default=None, metadata={"help": "vLLM: context length (default: the model's)."})
-    retrieval_url: str | None = field(
-        default=None, metadata={"help": "search_qa: a running Search-R1-compatible retrieval server (README, Search)."}
-    )
-    retrieval_corpus: str | None = field(
-        default=None,
-        metadata={"help": "search_qa: a corpus .jsonl to serve on loopback for the evaluation (`shared:qa`: the shared one)."},
-    )
-    max_search_turns: int = field(default=4, metadata={"help": "search_qa: most searches per question (docs/methods.md §6)."})
-    retrieval_topk: int = field(default=3, metadata={"help": "search_qa: passages per search (docs/methods.md §6)."})
-    max_obs_tokens: int | None = field(
-        default=None,
-        metadata={"help": "search_qa: most tokens per <information> block. Default: the run's own (search_args.json "
-                  "or training_args.json next to the model), else 500."},
-    )
-    max_turn_tokens: int | None = field(
-        default=None,
-        metadata={"help": "search_qa: most sampled tokens per turn. Default: the run's own, else 500."},
-    )
-
     def __post_init__(self):
         if self.task not in EVAL_TASKS:
             raise ConfigError(f"task={self.task!r}: Unknown task {self.task!r}; choose one of "
@@ -201,10 +178,6 @@ EVAL_FIELD_RULES = {
     "gpu_memory_utilization": between(0, 1, low_open=True),
     "tensor_parallel_size": integer(1),
     "max_model_len": integer(1, allow_none=True),
-    "max_search_turns": integer(1),
-    "retrieval_topk": integer(1),
-    "max_obs_tokens": integer(1, allow_none=True),
-    "max_turn_tokens": integer(1, allow_none=True),
 }
 
 
@@ -347,14 +320,20 @@ def _write_atomic(path: Path, text: str) -> None:
 def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
     """Run an evaluation and return the result written to ``config.output``.
 
-    ``evaluate(EvalConfig(...))`` or ``evaluate(model=..., task=..., output=..., ...)``.
+    ``evaluate(EvalConfig(...))`` or ``evaluate(model=..., task=..., output=..., ...)``; keyword arguments that are not
+    ``EvalConfig`` fields are the task's own options (``EvalTask.arguments``, e.g. ``retrieval_corpus=...`` for
+    ``search_qa``), refused in one line by a task that does not take them.
     """
     from tqdm.auto import tqdm
 
+    names = {f.name for f in dataclasses.fields(EvalConfig)}
+    options = {name: kwargs.pop(name) for name in list(kwargs) if name not in names}
     if config is None:
         config = EvalConfig(**kwargs)
     elif kwargs:
         config = dataclasses.replace(config, **kwargs)
+    task: EvalTask = EVAL_TASKS.get(config.task)()
+    task.configure(config, options)  # the task's own options, checked before any file or model
     # A missing local path or an unknown Hub id is refused with one line before any file is written or model loaded.
     check_model_source(config.model, field="--model")
     if config.max_new_tokens is None:
@@ -362,10 +341,9 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         config = dataclasses.replace(config, max_new_tokens=budget)
         if config.progress:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
-    task: EvalTask = EVAL_TASKS.get(config.task)()
     config = task.prepare_config(config)
     paths = output_paths(config.output)
-    settings = result_settings(config)
+    settings = {**result_settings(config), **task.option_settings()}
     problems = task.load_problems(config)
     if not problems:
         raise ValueError(f"No {config.task} problems to evaluate with data={config.data}.")
@@ -439,6 +417,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
         "model": config.model,
         "model_label": label,
         "settings": dataclasses.asdict(config),
+        "task_options": dataclasses.asdict(task.options) if task.options is not None else {},
         "summary": summary,
         "num_problems": len(problems),
         "num_resumed": len(problems) - len(todo),

@@ -13,6 +13,7 @@ completion is judged, and how results are aggregated into the papers' tables.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 from collections import defaultdict
@@ -136,6 +137,21 @@ def _nested(row: dict, dotted: str) -> Any:
     return value
 
 
+def _option_names(task: type) -> set[str]:
+    arguments = getattr(task, "arguments", None)
+    return {f.name for f in dataclasses.fields(arguments)} if arguments is not None else set()
+
+
+def task_argument_classes() -> tuple[type, ...]:
+    """The options dataclasses of the registered evaluation tasks (each once), parsed by ``sharpgrpo eval``."""
+    classes: list[type] = []
+    for name in EVAL_TASKS.names():
+        arguments = getattr(EVAL_TASKS.get(name), "arguments", None)
+        if arguments is not None and arguments not in classes:
+            classes.append(arguments)
+    return tuple(classes)
+
+
 class EvalTask:
     """Interface of an evaluation setting (see the module docstring)."""
 
@@ -156,6 +172,32 @@ class EvalTask:
 
     def markdown(self, summary: dict[str, Any], label: str) -> str:
         raise NotImplementedError
+
+    # A setting's own options: a dataclass (e.g. the search setting's SearchArguments, the one declaration train.py
+    # parses too) whose fields `sharpgrpo eval` parses as flags beside EvalConfig's; None: the task takes none.
+    arguments: ClassVar[type | None] = None
+    # Those of its fields that change the results (a resumed evaluation must match them).
+    result_options: ClassVar[tuple[str, ...]] = ()
+    # The parsed options (an ``arguments`` instance, or None), set by ``configure`` before anything runs.
+    options: Any = None
+
+    def configure(self, config, given: dict[str, Any]) -> None:
+        """Set ``self.options`` from the options the user gave (``given``: field -> value; the others keep their
+        defaults). An option this task does not take is refused in one line naming it and the task."""
+        from sharpgrpo.validation import ConfigError
+
+        fields = {f.name for f in dataclasses.fields(self.arguments)} if self.arguments is not None else set()
+        foreign = sorted(set(given) - fields)
+        if foreign:
+            owners = {name: task for task in EVAL_TASKS.names() for name in _option_names(EVAL_TASKS.get(task))}
+            name = foreign[0]
+            where = f"an option of --task {owners[name]}" if name in owners else "not an option of sharpgrpo eval"
+            raise ConfigError(f"{name}={given[name]!r}: {where}; --task {config.task} does not take it.")
+        self.options = self.arguments(**given) if self.arguments is not None else None
+
+    def option_settings(self) -> dict[str, Any]:
+        """The parsed options that change the results (``result_options``), for the samples file's header."""
+        return {name: getattr(self.options, name) for name in self.result_options}
 
     # Hooks of a setting's task (sharpgrpo.settings); the defaults are single-turn generation.
     def backend(self, requested: str) -> str:

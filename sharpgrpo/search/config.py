@@ -1,5 +1,5 @@
 """``SearchArguments``: the options of the agentic search setting, parsed by ``train.py`` beside
-``SharpGRPOConfig`` (TRL's ``TrlParser``) and read by ``sharpgrpo eval --task search_qa``."""
+``SharpGRPOConfig`` (TRL's ``TrlParser``) and by ``sharpgrpo eval`` as the ``search_qa`` task's own options."""
 
 from __future__ import annotations
 
@@ -71,14 +71,16 @@ class SearchArguments:
         default=500,
         metadata={
             "help": "Most tokens of one <information> block (the end is cut, the closing tag kept). Observation "
-            "tokens count against max_completion_length but get env_mask 0 (no loss, no strategy statistic)."
+            "tokens count against max_completion_length but get env_mask 0 (no loss, no strategy statistic). "
+            "sharpgrpo eval: default the evaluated run's own (its search_args.json), else 500."
         },
     )
     max_turn_tokens: int = field(
         default=500,
         metadata={
             "help": "Most sampled tokens per turn (one generation call); everything also counts against "
-            "max_completion_length (Search-R1: max_response_length per turn, max_obs_length per observation)."
+            "max_completion_length (Search-R1: max_response_length per turn, max_obs_length per observation). "
+            "sharpgrpo eval: default the evaluated run's own (its search_args.json), else 500."
         },
     )
     retrieval_timeout: float = field(

@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, Problem, QATask
+from sharpgrpo.search.config import SearchArguments
 from sharpgrpo.search.rollout import HFGenerateBackend, SearchLimits, answer_retrieved, run_episodes
 
 
@@ -118,18 +119,11 @@ def search_summary(records: Sequence[dict]) -> dict[str, float | None]:
     }
 
 
-def search_generator(config, generator, workdir, stack):
-    """The search generator for ``evaluate``: a retrieval session entered on ``stack`` (stopped with it)."""
-    from sharpgrpo.search.config import SearchArguments
+def search_generator(search_args, generator, workdir, stack):
+    """The search generator for ``evaluate``: a retrieval session for ``search_args`` (the task's parsed
+    ``SearchArguments``) entered on ``stack`` (stopped with it)."""
     from sharpgrpo.search.session import retrieval_session
 
-    search_args = SearchArguments(
-        retrieval_url=config.retrieval_url,
-        retrieval_corpus=config.retrieval_corpus,
-        max_search_turns=config.max_search_turns,
-        retrieval_topk=config.retrieval_topk,
-        **{k: getattr(config, k) for k in DEFAULT_EPISODE_LIMITS if getattr(config, k, None) is not None},
-    )
     if not search_args.enabled:
         raise ValueError("--task search_qa needs --retrieval_url or --retrieval_corpus.")
     client = stack.enter_context(retrieval_session(search_args, workdir))
@@ -143,6 +137,10 @@ class SearchQATask(QATask):
     split), ``shared:train|test|all``, or QA files / hub ids as for ``qa`` (rows without a prompt get Search-R1's)."""
 
     name = "search_qa"
+    # Its options are the training setting's own (one declaration: sharpgrpo.search.config.SearchArguments).
+    arguments = SearchArguments
+    result_options = ("retrieval_url", "retrieval_corpus", "max_search_turns", "retrieval_topk", "max_obs_tokens",
+                      "max_turn_tokens")
 
     def load_problems(self, config) -> list[Problem]:
         from sharpgrpo.evaluation.tasks import _expand_local, _limit, _read_records, qa_rows
@@ -198,18 +196,26 @@ class SearchQATask(QATask):
     def backend(self, requested: str) -> str:
         return search_backend(requested)
 
+    def configure(self, config, given):
+        super().configure(config, given)
+        if not self.options.enabled:
+            raise ValueError("--task search_qa needs --retrieval_url or --retrieval_corpus.")
+        self.given = set(given)
+
     def prepare_config(self, config):
+        """Episode limits not given: the evaluated run's own (its search_args.json), else SearchArguments' defaults."""
         import dataclasses
         import sys
 
-        if config.max_obs_tokens is not None and config.max_turn_tokens is not None:
+        missing = [name for name in DEFAULT_EPISODE_LIMITS if name not in self.given]
+        if not missing:
             return config
         limits, source = run_episode_limits(config.model)
-        config = dataclasses.replace(config, **{k: v for k, v in limits.items() if getattr(config, k) is None})
+        self.options = dataclasses.replace(self.options, **{name: limits[name] for name in missing})
         if config.progress:
-            print(f"max_obs_tokens = {config.max_obs_tokens}, max_turn_tokens = {config.max_turn_tokens} "
+            print(f"max_obs_tokens = {self.options.max_obs_tokens}, max_turn_tokens = {self.options.max_turn_tokens} "
                   f"({source or 'defaults'})", file=sys.stderr)
         return config
 
     def wrap_generator(self, config, generator, workdir, stack):
-        return search_generator(config, generator, workdir, stack)
+        return search_generator(self.options, generator, workdir, stack)

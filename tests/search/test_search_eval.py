@@ -43,3 +43,44 @@ def test_search_qa_eval(tmp_path, search_model_path):
     with pytest.raises(ValueError, match="needs --retrieval_url or --retrieval_corpus"):
         evaluate(model=str(model), task="search_qa", data=[str(data)], output=str(tmp_path / "o2.json"),
                  max_new_tokens=8, backend="transformers", progress=False)
+
+
+def test_eval_command_parses_the_settings_own_options(tmp_path, search_model_path):
+    """``sharpgrpo eval`` takes search_qa's options from the setting's one declaration (SearchArguments): a limit
+    given on the command line is used, one not given is the evaluated run's own (its search_args.json)."""
+    pytest.importorskip("fastapi", reason="needs the `search` extra (fastapi, uvicorn, bm25s)")
+    pytest.importorskip("bm25s", reason="needs the `search` extra (fastapi, uvicorn, bm25s)")
+    import dataclasses
+    import shutil
+
+    from sharpgrpo.cli.eval import main
+    from sharpgrpo.evaluation import EvalConfig
+    from sharpgrpo.search.config import SearchArguments
+
+    assert not {f.name for f in dataclasses.fields(SearchArguments)} & {f.name for f in dataclasses.fields(EvalConfig)}
+    model = tmp_path / "run"
+    shutil.copytree(search_model_path, model)
+    (model / "search_args.json").write_text(json.dumps({"max_obs_tokens": 40, "max_turn_tokens": 12}))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "0", "contents": '"Paris"\nParis is the capital of France.'}) + "\n")
+    data = tmp_path / "nq.jsonl"
+    data.write_text(json.dumps({"question": "capital of France", "golden_answers": ["Paris"]}) + "\n")
+    result = main(["--model", str(model), "--task", "search_qa", "--data", str(data), "--output",
+                   str(tmp_path / "out.json"), "--retrieval_corpus", str(corpus), "--max_turn_tokens=8",
+                   "--max_new_tokens", "24", "--no_progress"])
+    options = result["task_options"]
+    assert (options["max_turn_tokens"], options["max_obs_tokens"]) == (8, 40)  # given; the run's own
+    assert options["retrieval_corpus"] == str(corpus) and options["max_search_turns"] == 4
+    header = json.loads((tmp_path / "out.samples.jsonl").read_text().splitlines()[0])["settings"]
+    assert (header["max_turn_tokens"], header["max_obs_tokens"]) == (8, 40)
+
+
+def test_an_option_of_another_task_is_refused_in_one_line(tmp_path):
+    from sharpgrpo.cli.eval import main
+    from sharpgrpo.validation import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^retrieval_url='http://h:1': an option of --task search_qa; --task "
+                                          r"addition does not take it\.$"):
+        main(["--model", "sharpgrpo-tiny", "--task", "addition", "--output", str(tmp_path / "o.json"),
+              "--retrieval_url", "http://h:1"])
+    assert not (tmp_path / "o.json").exists()

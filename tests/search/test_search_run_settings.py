@@ -94,10 +94,12 @@ def test_search_generator_passes_episode_limits(tmp_path, monkeypatch):
     monkeypatch.setattr("sharpgrpo.search.session.retrieval_session", lambda *a, **k: contextlib.nullcontext("c"))
     monkeypatch.setattr(evaluation.SearchEvalGenerator, "__init__",
                         lambda self, g, c, s: setattr(self, "search_args", s))
-    config = runner.EvalConfig(model="m", task="search_qa", output=str(tmp_path / "o.json"),
-                               retrieval_url="http://127.0.0.1:1", max_obs_tokens=33, max_turn_tokens=44)
+    config = runner.EvalConfig(model="m", task="search_qa", output=str(tmp_path / "o.json"))
+    task = evaluation.SearchQATask()
+    task.configure(config, {"retrieval_url": "http://127.0.0.1:1", "max_obs_tokens": 33, "max_turn_tokens": 44})
+    task.prepare_config(config)  # both limits given: the run's own are not read
     with contextlib.ExitStack() as stack:
-        generator = evaluation.search_generator(config, None, str(tmp_path), stack)
+        generator = task.wrap_generator(config, None, str(tmp_path), stack)
     assert (generator.search_args.max_obs_tokens, generator.search_args.max_turn_tokens) == (33, 44)
 
 
