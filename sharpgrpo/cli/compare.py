@@ -13,8 +13,8 @@ others go on. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the queued runs, forwar
 ``train.py`` processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of
 the finished runs and exits with 130; the same command then resumes (interrupted runs start again). Then
 ``sharpgrpo.compare.stats`` aggregates: per strategy the mean and Student-t interval over seeds, and the paired
-difference against the first strategy (the baseline), into ``report.md``, ``summary.json``, ``reward.png`` and
-``grad_norm.png`` (mean over seeds with its band).
+difference against the first strategy (the baseline), into ``report.md``, ``summary.json``, ``reward.png``,
+``grad_norm.png`` and ``entropy.png`` (mean over seeds with its band).
 
 A strategy entry is ``NAME[+NAME...][:field=value[,field=value...]]``: ``grpo_sg+thr`` composes two strategies,
 ``thr:thr_p=-0.1`` sets a parameter; its label (``thr (thr_p=-0.1)``) names it in the tables and plots.

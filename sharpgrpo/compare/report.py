@@ -1,7 +1,7 @@
 """The report of a comparison (``sharpgrpo compare``): the finished runs' metrics (``sharpgrpo.compare.stats``)
 aggregated into ``summary.json``, ``report.md`` (per strategy the mean and Student-t interval over seeds, and the
-paired difference against the first strategy, the baseline) and ``reward.png`` / ``grad_norm.png`` (mean over seeds
-with its band)."""
+paired difference against the first strategy, the baseline) and ``reward.png`` / ``grad_norm.png`` / ``entropy.png``
+(mean over seeds with its band)."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def write_report(
     (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (output / "report.md").write_text(report_markdown(summary, runs, command))
     plots = []
-    for key, title in (("reward", "Reward"), ("grad_norm", "Gradient norm")):
+    for key, title in (("reward", "Reward"), ("grad_norm", "Gradient norm"), ("entropy", "Policy entropy")):
         if plot_bands(histories, key, output / f"{key}.png", title, confidence, smooth):
             plots.append(str(output / f"{key}.png"))
     summary["plots"] = plots

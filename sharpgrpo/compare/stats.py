@@ -10,6 +10,8 @@ Per-run metrics (:func:`run_metrics`):
   of the logged ``grad_norm`` (the quantity of GRPO-SG Figure 1 / TR-GRPO Figure 3; a spike is a value above
   ``spike_factor`` x the run's median, as in ``sharpgrpo plot``);
 * ``final_entropy``: mean policy entropy over the last 10% of logged steps;
+* ``entropy_auc``: the same area as ``reward_auc`` under the entropy curve (the mean entropy over training: the
+  quantity of the entropy-collapse claims, less noisy than its last steps);
 * ``seconds_per_step``: mean logged ``step_time`` (else ``train_runtime`` / steps);
 * ``eval_accuracy`` (and ``eval_pass@k``): from the evaluation JSON of ``sharpgrpo eval`` when there is one.
 """
@@ -32,6 +34,7 @@ METRICS: dict[str, tuple[str, int]] = {
     "grad_norm_cv": ("Grad-norm CV (std / mean)", -1),
     "grad_norm_spikes": ("Grad-norm spikes", -1),
     "final_entropy": ("Final entropy (mean of last 10% of steps)", +1),
+    "entropy_auc": ("Entropy AUC (mean entropy over training)", +1),
     "weight_mean": ("Token-weight mean over valid tokens (mean over steps)", +1),
     "seconds_per_step": ("Seconds per step", -1),
     "eval_accuracy": ("Eval accuracy", +1),
@@ -195,7 +198,7 @@ def run_metrics(
     """The per-run metrics of the module docstring from a run's log history (and evaluation result)."""
     steps, rewards = metric_series(history, "reward")
     _, grad_norms = metric_series(history, "grad_norm")
-    _, entropies = metric_series(history, "entropy")
+    entropy_steps, entropies = metric_series(history, "entropy")
     _, step_times = metric_series(history, "step_time")
     _, weight_means = metric_series(history, "token_weight/mean")  # weight strategies; cw_grpo's own name below
     weight_means = weight_means or metric_series(history, "cw/weight_mean")[1]
@@ -213,6 +216,7 @@ def run_metrics(
         "grad_norm_cv": spikes["cv"],
         "grad_norm_spikes": spikes["spikes"] if grad_norms else None,
         "final_entropy": final_mean(entropies),
+        "entropy_auc": curve_auc(entropy_steps, entropies),
         "weight_mean": statistics.fmean(weight_means) if weight_means else None,
         "seconds_per_step": seconds,
     }

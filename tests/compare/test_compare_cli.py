@@ -130,6 +130,7 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
     report = (output / "report.md").read_text()
     assert "| grpo_sg | 2 |" in report and "2 failed" in report and "Partial report" not in report
     assert (output / "reward.png").stat().st_size > 0 and (output / "grad_norm.png").stat().st_size > 0
+    assert (output / "entropy.png").stat().st_size > 0
     for run in on_disk["runs"]:
         if run["status"] == "failed":
             assert f"seed {run['seed']}: exit code 1 of train.py" in report

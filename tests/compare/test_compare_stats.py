@@ -105,6 +105,7 @@ def test_run_metrics_from_a_history():
     assert metrics["grad_norm_cv"] == pytest.approx(statistics.pstdev(grad_norms) / 2.0)
     assert metrics["grad_norm_spikes"] == 1
     assert metrics["final_entropy"] == pytest.approx(1.1)
+    assert metrics["entropy_auc"] == pytest.approx(1.55)  # a straight line from 2.0 to 1.1
     assert metrics["seconds_per_step"] == pytest.approx(0.25)
     assert "eval_accuracy" not in metrics
     result = {"summary": {"overall": {"accuracy": 0.5, "pass@k": {"1": 0.4, "4": 0.8}}}}
