@@ -50,12 +50,17 @@ from sharpgrpo.training.entropy_inputs import refuse_unavailable_sampling_entrop
 from sharpgrpo.training.generation_capture import GenerationCapture, fit_width
 from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.logps_temperature import score_logps_at
-from sharpgrpo.training.loss_metrics import global_masked_mean, log_loss_metrics, log_weight_metrics
+from sharpgrpo.training.loss_metrics import (
+    append_metrics,
+    global_masked_mean,
+    loss_metrics,
+    process_means,
+    weight_metrics,
+)
 from sharpgrpo.training.loss_terms import (
     apply_token_terms,
     clip_range,
     collect_loss_terms,
-    log_loss_strategy_metrics,
     per_token_terms,
     sequence_objective_loss,
     weighted_kl,
@@ -398,12 +403,14 @@ class SharpGRPOTrainer(GRPOTrainer):
             loss, policy_loss = aggregate_loss(per_token_loss, mask, self.loss_type, accumulation_steps=accumulation,
                                                window_tokens=window_tokens,
                                                max_completion_length=self.max_completion_length)
+        values: dict[str, float] = {}  # this micro-batch's metrics, appended together below
         if self._entropy_bonus_enabled:
             effective_mask = mask if entropy_mask is None else mask * entropy_mask
-            loss = loss - entropy_bonus(self, entropies, effective_mask, policy_loss, mode)
+            bonus, values = entropy_bonus(self, entropies, effective_mask, policy_loss, mode)
+            loss = loss - bonus
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+            values["aux_loss"] = self.accelerator.gather_for_metrics(aux_loss).mean().item()
 
         if self._telemetry is not None and mode == "train":  # the very tensors above, detached (on telemetry steps)
             vllm_is = self.use_vllm and self.vllm_importance_sampling_correction
@@ -417,19 +424,23 @@ class SharpGRPOTrainer(GRPOTrainer):
                 is_weight=inputs["importance_sampling_ratio"] if vllm_is else None,
                 kl=per_token_kl if self.beta != 0.0 else None, **per_token_terms(terms),
             )
-        metrics, accelerator = self._metrics[mode], self.accelerator
-        log_loss_metrics(accelerator, metrics, self.loss_type, epsilon_low, epsilon_high, mask, entropies,
-                         coef_1, advantages, per_token_kl if self.beta else None, phi_seq)
-        if strategy_metrics:
-            log_loss_strategy_metrics(accelerator, metrics, strategy_metrics)
+        accelerator, clip = self.accelerator, (epsilon_low, epsilon_high)
+        values |= loss_metrics(accelerator, self.loss_type, mask, entropies, coef_1, advantages, clip_range=clip,
+                               kl=per_token_kl if self.beta else None, phi_seq=phi_seq)
+        values |= process_means(accelerator, strategy_metrics or {})
         if folded is not None:
-            metrics[folded.loss_factor_metric].append(global_masked_mean(accelerator, loss_factor, mask))
+            values[folded.loss_factor_metric] = global_masked_mean(accelerator, loss_factor, mask)
+        bad = 0
         if weights is not None:
-            clipped_ratio = surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None
-            bad = log_weight_metrics(accelerator, metrics, self.weight_strategy.bounds(), epsilon_low,
-                                     epsilon_high, mask, weights, clipped_ratio, advantages, bad_weights)
-            if bad:
-                self._strategy_output_checker.raise_for_weights(self.weight_strategy, weights, per_token_logps, mask)
+            weight_values, bad = weight_metrics(
+                accelerator, weights, mask, advantages, bounds=self.weight_strategy.bounds(), clip_range=clip,
+                surrogate_ratio=surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None,
+                bad_weights=bad_weights,
+            )
+            values |= weight_values
+        append_metrics(self._metrics[mode], values)
+        if bad:
+            self._strategy_output_checker.raise_for_weights(self.weight_strategy, weights, per_token_logps, mask)
         return loss
 
     # ------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """TRL 1.16's entropy bonus (``entropy_coef``; adaptive with ``use_adaptive_entropy``, Skywork-OR1), as the
-parent's ``_compute_loss`` applies it; the trainer subtracts the returned term from the loss.
+parent's ``_compute_loss`` applies it; the trainer subtracts the returned term from the loss and logs the returned
+metrics.
 
 The coefficient times the mean entropy over ``effective_mask``, scaled for gradient accumulation only (the same for
 every loss type), not weighted by any token weight. Adaptive control applies the coefficient of the previous
@@ -14,7 +15,8 @@ from __future__ import annotations
 import torch
 
 
-def entropy_bonus(trainer, entropies, effective_mask, policy_loss, mode) -> torch.Tensor:
+def entropy_bonus(trainer, entropies, effective_mask, policy_loss, mode) -> tuple[torch.Tensor, dict[str, float]]:
+    """The term to subtract from the loss, and its metrics (``policy_loss``, ``entropy_coef`` at optimizer steps)."""
     args, accelerator = trainer.args, trainer.accelerator
     accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
     entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
@@ -22,8 +24,7 @@ def entropy_bonus(trainer, entropies, effective_mask, policy_loss, mode) -> torc
         apply_coef = trainer.entropy_coef if trainer._last_world_entropy <= args.entropy_target else 0.0
     else:
         apply_coef = trainer.entropy_coef
-    metrics = trainer._metrics[mode]
-    metrics["policy_loss"].append(accelerator.gather(policy_loss).nanmean().item())
+    metrics = {"policy_loss": accelerator.gather(policy_loss).nanmean().item()}
     if trainer.use_adaptive_entropy and mode == "train":
         stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
         window = trainer._entropy_window_stats
@@ -39,5 +40,5 @@ def entropy_bonus(trainer, entropies, effective_mask, policy_loss, mode) -> torc
             trainer._last_world_entropy = world_entropy
             trainer._entropy_window_stats = None
     if mode == "train" and accelerator.sync_gradients:
-        metrics["entropy_coef"].append(trainer.entropy_coef)
-    return apply_coef * entropy_loss
+        metrics["entropy_coef"] = trainer.entropy_coef
+    return apply_coef * entropy_loss, metrics

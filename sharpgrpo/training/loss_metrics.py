@@ -1,8 +1,9 @@
 """The loss's metrics, reduced over processes like TRL's: one value per micro-batch, averaged at logging time.
 
-Pure functions of tensors plus the accelerator that reduces them and the metric lists they append to (the trainer's
-``self._metrics[mode]``). TRL's own names and definitions stay (``kl``, ``entropy``, ``clip_ratio/*``,
-``cispo_clip_ratio``, ``vespo/phi_seq_mean``); ``token_weight/*`` describe the weight strategy's w.
+Each piece returns its metrics as ``{name: value}`` (as verl's loss functions do); the trainer appends them to its
+``self._metrics[mode]`` with ``append_metrics``. Pure functions of tensors plus the accelerator that reduces them.
+TRL's own names and definitions stay (``kl``, ``entropy``, ``clip_ratio/*``, ``cispo_clip_ratio``,
+``vespo/phi_seq_mean``); ``token_weight/*`` describe the weight strategy's w.
 """
 
 from __future__ import annotations
@@ -22,41 +23,63 @@ def global_masked_mean(accelerator, values: torch.Tensor, mask: torch.Tensor) ->
     return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
-def log_loss_metrics(accelerator, metrics, loss_type, epsilon_low, epsilon_high, mask, entropies, coef_1,
-                     advantages, per_token_kl, phi_seq=None) -> None:
+def append_metrics(metrics: dict[str, list], values: dict[str, float]) -> None:
+    """Append one micro-batch's metric values to the trainer's lists (``self._metrics[mode]``)."""
+    for name, value in values.items():
+        metrics[name].append(value)
+
+
+def loss_metrics(accelerator, loss_type: str, mask, entropies, ratio, advantages, *, clip_range, kl=None,
+                 phi_seq=None) -> dict[str, float]:
     """TRL's own metric names and definitions (kl, entropy, clip_ratio/*, cispo_clip_ratio, vespo/phi_seq_mean),
-    computed on the unweighted ratio ``coef_1``."""
+    computed on the unweighted ratio ``ratio``; ``clip_range`` is the loss's (epsilon_low, epsilon_high), numbers or
+    per-token tensors."""
     from trl.trainer.utils import nanmax, nanmin
 
-    if per_token_kl is not None:
-        metrics["kl"].append(global_masked_mean(accelerator, per_token_kl, mask))
-    metrics["entropy"].append(global_masked_mean(accelerator, entropies, mask))
+    epsilon_low, epsilon_high = clip_range
+    values: dict[str, float] = {}
+    if kl is not None:
+        values["kl"] = global_masked_mean(accelerator, kl, mask)
+    values["entropy"] = global_masked_mean(accelerator, entropies, mask)
     if loss_type == "cispo":
-        is_clipped = ((coef_1 > epsilon_high) & (advantages > 0)).float()
-        metrics["cispo_clip_ratio"].append(global_masked_mean(accelerator, is_clipped, mask))
+        is_clipped = ((ratio > epsilon_high) & (advantages > 0)).float()
+        values["cispo_clip_ratio"] = global_masked_mean(accelerator, is_clipped, mask)
     if loss_type == "vespo":
-        metrics["vespo/phi_seq_mean"].append(global_masked_mean(accelerator, phi_seq, mask))
+        values["vespo/phi_seq_mean"] = global_masked_mean(accelerator, phi_seq, mask)
     if loss_type not in PPO_CLIP_LOSS_TYPES:
-        return
-    is_low = ((coef_1 < 1 - epsilon_low) & (advantages < 0)).float()
-    is_high = ((coef_1 > 1 + epsilon_high) & (advantages > 0)).float()
-    metrics["clip_ratio/low_mean"].append(global_masked_mean(accelerator, is_low, mask))
-    metrics["clip_ratio/high_mean"].append(global_masked_mean(accelerator, is_high, mask))
-    metrics["clip_ratio/region_mean"].append(global_masked_mean(accelerator, torch.maximum(is_low, is_high), mask))
+        return values
+    is_low = ((ratio < 1 - epsilon_low) & (advantages < 0)).float()
+    is_high = ((ratio > 1 + epsilon_high) & (advantages > 0)).float()
+    values["clip_ratio/low_mean"] = global_masked_mean(accelerator, is_low, mask)
+    values["clip_ratio/high_mean"] = global_masked_mean(accelerator, is_high, mask)
+    values["clip_ratio/region_mean"] = global_masked_mean(accelerator, torch.maximum(is_low, is_high), mask)
 
     def per_sequence(x):
         return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
 
-    metrics["clip_ratio/low_min"].append(nanmin(accelerator.gather(per_sequence(is_low))).item())
-    metrics["clip_ratio/high_max"].append(nanmax(accelerator.gather(per_sequence(is_high))).item())
+    values["clip_ratio/low_min"] = nanmin(accelerator.gather(per_sequence(is_low))).item()
+    values["clip_ratio/high_max"] = nanmax(accelerator.gather(per_sequence(is_high))).item()
+    return values
 
 
-def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, mask, weights, surrogate_ratio,
-                       advantages, bad_weights=None) -> int:
+def process_means(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-d device metrics (e.g. the loss strategies'), each averaged over processes, read with one host
+    synchronisation."""
+    if not values:
+        return {}
+    names = list(values)
+    local = torch.stack([values[name].detach().float().reshape(()) for name in names])
+    return dict(zip(names, accelerator.reduce(local, reduction="mean").tolist(), strict=True))
+
+
+def weight_metrics(accelerator, weights, mask, advantages, *, bounds, clip_range, surrogate_ratio,
+                   bad_weights=None) -> tuple[dict[str, float], int]:
     """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off
     (``surrogate_ratio`` is None for surrogates without PPO's clip, which switch no token off: logged as 0).
-    ``bounds`` is the strategy's (lower, upper). Returns ``bad_weights`` (the output checker's device count of
-    invalid weights), read in the same host synchronisation as the metrics."""
+    ``bounds`` is the strategy's (lower, upper), ``clip_range`` the loss's (epsilon_low, epsilon_high). Returns the
+    metrics and ``bad_weights`` (the output checker's device count of invalid weights), read in the same host
+    synchronisation as the metrics."""
+    epsilon_low, epsilon_high = clip_range
     valid = mask.bool()
     w = weights.detach().float()
     lower, upper = bounds
@@ -92,7 +115,8 @@ def log_weight_metrics(accelerator, metrics, bounds, epsilon_low, epsilon_high, 
         totals[3] / n, totals[4] / n, totals[5] / n, zero if bad_weights is None else bad_weights.float(),
     ]).tolist()
     names = ("mean", "std", "min", "max", "frac_at_lower", "frac_at_upper", "frac_grad_clipped")
-    for name, value in zip(names, values[:-1], strict=True):  # a constant weight (equal) has no bound to sit at
-        if lower < upper or not name.startswith("frac_at"):
-            metrics[f"token_weight/{name}"].append(value)
-    return int(values[-1])
+    metrics = {  # a constant weight (equal) has no bound to sit at
+        f"token_weight/{name}": value for name, value in zip(names, values[:-1], strict=True)
+        if lower < upper or not name.startswith("frac_at")
+    }
+    return metrics, int(values[-1])

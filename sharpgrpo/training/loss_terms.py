@@ -88,17 +88,6 @@ def sequence_objective_loss(
     return loss / accumulation_steps, loss.detach()
 
 
-def log_loss_strategy_metrics(accelerator, metrics: dict[str, list], values: dict[str, torch.Tensor]) -> None:
-    """Append the loss strategies' 0-d device metrics, averaged over processes, read with one host synchronisation."""
-    if not values:
-        return
-    names = list(values)
-    local = torch.stack([values[name].detach().float().reshape(()) for name in names])
-    reduced = accelerator.reduce(local, reduction="mean").tolist()
-    for name, value in zip(names, reduced, strict=True):
-        metrics[name].append(value)
-
-
 def per_token_terms(terms: LossTerms | None) -> dict[str, torch.Tensor]:
     """The per-token fields the loss strategies set (masks, extra terms, per-token clip range, KL factor), by name:
     the telemetry's columns of what the loss used."""
