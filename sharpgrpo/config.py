@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from sharpgrpo.strategies import strategy_names_help
-from sharpgrpo.strategy_params import StrategyParams, _RuledField, param
+from sharpgrpo.strategy_params import PARAM_RULES, StrategyParams, _RuledField, param
 from sharpgrpo.training.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.validation import (
     ConfigError,
@@ -102,8 +102,8 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         # Every value first: TRL's own __post_init__ divides by some of them (num_generations, batch sizes).
         self.strategies = parse_strategy_names(self.strategies)
         validate_trl_fields(self)
-        validate_fields(self, FIELD_RULES)
-        super().__post_init__()
+        validate_fields(self, OWN_FIELD_RULES)
+        super().__post_init__()  # StrategyParams checks the strategy parameters' rules, then TRL's __post_init__
         self._validate()
 
     def _validate(self) -> None:
@@ -194,3 +194,5 @@ FIELD_RULES = {
     "importance_sampling_level": one_of(*IMPORTANCE_SAMPLING_LEVELS),
     **{f.name: f.rule for f in fields(SharpGRPOConfig) if isinstance(f, _RuledField)},
 }
+# Those checked by SharpGRPOConfig.__post_init__ itself; the strategy parameters' (PARAM_RULES) by StrategyParams'.
+OWN_FIELD_RULES = {name: rule for name, rule in FIELD_RULES.items() if name not in PARAM_RULES}

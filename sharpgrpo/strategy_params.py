@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from sharpgrpo.validation import between, integer, non_negative, number, one_of, positive
+from sharpgrpo.validation import between, integer, non_negative, number, one_of, positive, validate_fields
 
 CW_SCOPES = ("group", "batch")
 CW_ADVANTAGE_MEANS = ("response", "token")
@@ -46,7 +46,9 @@ def param(default, help: str, rule):
 class StrategyParams:
     """The parameters the registered strategies read, each declared once. A strategy lists the ones it reads in its
     ``params`` (the model card's list). ``SharpGRPOConfig`` is the validated whole; a strategy that reads only its
-    own parameters can also be built from ``StrategyParams(...)`` directly (values are not checked here)."""
+    own parameters can also be built from ``StrategyParams(...)`` directly. Either way each value is checked here,
+    once, by its field's rule (``PARAM_RULES``); the relations among a strategy's parameters are its ``check_params``.
+    The strategies' constructors check nothing again."""
 
     # GRPO-SG / TR-GRPO probability shaping (docs/methods.md §1).
     sg_alpha: float = param(2.0, "alpha of GRPO-SG Eq. 19: scale of the sigmoid shaping.", positive())
@@ -275,3 +277,13 @@ class StrategyParams:
         1.0, "`ktae`: the key-token score is (sigmoid(s) - 0.5) * 2 * scale, in (-scale, scale) (released `top`).",
         non_negative(),
     )
+
+    def __post_init__(self):
+        validate_fields(self, PARAM_RULES)
+        parent = getattr(super(), "__post_init__", None)  # SharpGRPOConfig: TRL's GRPOConfig comes next
+        if parent is not None:
+            parent()
+
+
+# What each strategy parameter accepts, from the fields' own declarations (checked in StrategyParams.__post_init__).
+PARAM_RULES = {f.name: f.rule for f in dataclasses.fields(StrategyParams) if isinstance(f, _RuledField)}

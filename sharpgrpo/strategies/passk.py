@@ -122,8 +122,6 @@ class PassKMixedStrategy(AdvantageStrategy):
     def __init__(self, args: Any):
         super().__init__(args)
         self.k = int(args.passk_k)
-        if self.k < 1:
-            raise ValueError(f"passk_k must be >= 1, got {self.k}")
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         out = batch.advantages.clone()

@@ -414,10 +414,6 @@ class _HiddenRewardStrategy(AdvantageStrategy):
         self.beta = float(args.thr_beta)
         self.vocab = args.thr_vocab
         self.chunk_size = int(args.thr_chunk_size)
-        if self.vocab not in VOCAB_MODES:
-            raise ValueError(f"thr_vocab must be one of {VOCAB_MODES}, got {self.vocab!r}")
-        if self.chunk_size < 1:
-            raise ValueError(f"thr_chunk_size must be >= 1, got {self.chunk_size}")
         self.last_scores: torch.Tensor | None = None
         self.last_tau: list[float] = []
 
@@ -487,8 +483,6 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
         self.p = float(args.thr_p)
         self.keep_below_threshold = bool(args.thr_keep_below_threshold)
         self.entropy_quantile = float(args.thr_entropy_quantile)
-        if not 0.0 <= self.entropy_quantile <= 1.0:
-            raise ValueError(f"thr_entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
 
     def _need_entropy(self) -> bool:
         return self.entropy_quantile > 0

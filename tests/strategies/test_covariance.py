@@ -439,5 +439,5 @@ def test_strategy_reads_advantage_mean():
 
 @pytest.mark.parametrize("bad", ["sequence", "Group", ""])
 def test_strategy_rejects_unknown_scope(bad):
-    with pytest.raises(ValueError, match="cw_scope must be one of 'group', 'batch'"):
+    with pytest.raises(ValueError, match=f"^cw_scope='{bad}': must be one of group, batch\\.$"):
         CovarianceWeighting(StrategyParams(cw_scope=bad))

@@ -198,7 +198,7 @@ def test_registry_builds_the_released_strategy():
     assert not ReleasedCovarianceWeights(StrategyParams(cw_variant="released", cw_weight_gradient=False)).gradient
     assert isinstance(CovarianceWeighting(StrategyParams()), CovarianceWeighting)
     with pytest.raises(ValueError, match="cw_weight_gradient=True: needs cw_variant: released"):
-        CovarianceWeighting(StrategyParams(cw_weight_gradient=True))
+        CovarianceWeighting.check_params(StrategyParams(cw_weight_gradient=True))  # a relation: check_params
 
 
 def released_config(tmp_path, **overrides):
