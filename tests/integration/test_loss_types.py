@@ -18,7 +18,8 @@ from sharpgrpo.strategies import STRATEGIES
 # Placement per loss type: `ratio` where it is defined (README), so both placements are exercised.
 PLACEMENT = {"dapo": "loss", "grpo": "ratio", "bnpo": "loss", "dr_grpo": "ratio",
              "luspo": "loss", "cispo": "ratio", "sapo": "ratio", "vespo": "loss"}
-ALL_STRATEGIES = ["equal", "grpo_sg", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed"]
+# Every registered weight and advantage strategy (the loss-side ones: tests/integration/test_loss_strategies.py).
+ALL_STRATEGIES = [name for name in STRATEGIES.names() if STRATEGIES.get(name).kind in ("weight", "advantage")]
 
 
 def binary_reward_trainer(model_path, output_dir, **kwargs):
