@@ -150,6 +150,9 @@ def plot_bands(
 
     fig, ax = plt.subplots(figsize=(8.0, 4.6))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(histories) > len(colors):  # one colour per strategy: tab20's pairs, dark ones first
+        tab20 = plt.get_cmap("tab20").colors
+        colors = list(tab20[0::2]) + list(tab20[1::2])
     drawn = False
     for index, (label, runs) in enumerate(histories.items()):
         series = [metric_series(history, key) for history in runs.values()]
@@ -171,7 +174,7 @@ def plot_bands(
         note = f", EMA {smooth:g} per run" if 0 < smooth < 1 else ""
         shown = (f"{round(100 * confidence)}% band clipped to the runs' range (thin lines: the runs where fewer than "
                  f"{MIN_RUNS_FOR_BAND} seeds)")  # fmt: skip
-        ax.set_title(f"{title}: mean over seeds, {shown}{note}", fontsize=9)
+        ax.set_title(f"{title}: mean over seeds,\n{shown}{note}", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
