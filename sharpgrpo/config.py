@@ -15,7 +15,7 @@ from trl import GRPOConfig
 
 from sharpgrpo.strategies import strategy_names_help
 from sharpgrpo.strategy_params import PARAM_RULES, StrategyParams, _RuledField, param
-from sharpgrpo.training.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
+from sharpgrpo.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.validation import (
     ConfigError,
     integer,

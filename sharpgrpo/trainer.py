@@ -32,6 +32,7 @@ from transformers.utils import logging
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
+from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.models.prepared import resolve_model_name
 from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
@@ -66,7 +67,6 @@ from sharpgrpo.training.loss_terms import (
     weighted_kl,
 )
 from sharpgrpo.training.losses import (
-    PPO_CLIP_LOSS_TYPES,
     WINDOW_NORMALISED_LOSS_TYPES,
     aggregate_loss,
     kl_penalty,

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from sharpgrpo.training.losses import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES, policy_surrogate
+from sharpgrpo.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
+from sharpgrpo.training.losses import policy_surrogate
 
 B, T = 4, 5
 EPS_LOW, EPS_HIGH, DELTA, TAU_POS, TAU_NEG = 0.2, 0.28, 1.5, 1.0, 1.05

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
 from sharpgrpo.validation import ConfigError
 
@@ -37,8 +38,6 @@ ENTROPY_MECHANISM_PAPER = StrategyPaper(
 }""",
     id="2505.22617",
 )
-# The PPO-clip loss types of TRL 1.16 (sharpgrpo.training.losses.PPO_CLIP_LOSS_TYPES; not imported: layering).
-PPO_CLIP_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")
 
 
 def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from sharpgrpo.training.losses import PPO_CLIP_LOSS_TYPES
+from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
 
 
 def global_masked_mean(accelerator, values: torch.Tensor, mask: torch.Tensor) -> float:

@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import torch
 
-# Loss types whose surrogate is PPO's clipped objective (they differ only in how tokens are aggregated).
-PPO_CLIP_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")
-LOSS_TYPES = PPO_CLIP_LOSS_TYPES + ("cispo", "sapo", "vespo")
-# Loss types whose surrogate has a per-token importance ratio for `weight_placement='ratio'` to scale.
-RATIO_PLACEMENT_LOSS_TYPES = PPO_CLIP_LOSS_TYPES + ("cispo", "sapo")
+from sharpgrpo.loss_types import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
 
 
 def policy_surrogate(

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from sharpgrpo.training.losses import PPO_CLIP_LOSS_TYPES, token_loss_shares
+from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
+from sharpgrpo.training.losses import token_loss_shares
 
 SCHEMA_VERSION = 1
 METADATA_KEY = "sharpgrpo.telemetry"
