@@ -44,6 +44,12 @@ def _is_weight_strategy(name: str) -> bool:
     return name in STRATEGIES and STRATEGIES.get(name).kind == "weight"
 
 
+def _weight_strategy_names() -> list[str]:
+    from sharpgrpo.strategies import STRATEGIES
+
+    return [name for name in STRATEGIES.names() if _is_weight_strategy(name)]
+
+
 def _check_options(args) -> None:
     """What the options name, before any file is read or model loaded: the input paths, the strategy and every --set
     field (the model is checked once its inputs have been read, before it loads)."""
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--strategy", default=None,
-        help="A token-weight strategy (grpo_sg, reverse, random, equal): the token table and each token shaded by "
+        help=f"A token-weight strategy ({', '.join(_weight_strategy_names())}): the token table and each token shaded by "
         "its weight. Default: the run's own weight strategy (its training_args.json beside the model or the "
         "completions), else grpo_sg. Advantage strategies: --telemetry.",
     )  # fmt: skip
