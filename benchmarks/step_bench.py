@@ -158,7 +158,9 @@ def parse_args(argv=None):
     timing.add_argument("--baseline", default=PLAIN,
                         help=f"the trainer every ratio is paired against: {PLAIN!r} (plain GRPOTrainer, the default) "
                         "or one of --strategies, e.g. equal; then no plain GRPOTrainer (and no A/A control) is built, "
-                        "which saves one model, its gradients and optimizer state per trainer left out")
+                        "which saves one model, its gradients and optimizer state per trainer left out. With --report: "
+                        "re-pair the saved times against this trainer (plain TRL and the A/A control stay in the "
+                        "table)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write every raw time to this JSON file")
     parser.add_argument("--report", type=Path, default=None, help="only re-print the tables of a --json file")
@@ -493,7 +495,10 @@ def main(argv=None):
     if args.report is not None:  # re-print the tables of a saved run
         saved = json.loads(args.report.read_text())
         clock_name = saved["args"]["clock"]
-        args.baseline = saved["args"].get("baseline", PLAIN)
+        if args.baseline == PLAIN:  # the run's own baseline unless another is asked for (e.g. --baseline equal)
+            args.baseline = saved["args"].get("baseline", PLAIN)
+        if args.baseline not in saved["times"][next(iter(saved["times"]))]:
+            raise SystemExit(f"--baseline {args.baseline} was not timed in {args.report}")
         report(saved["times"], 1 if clock_name == "cpu" else 0, clock_name, args)
         return
     warnings.filterwarnings("ignore")
