@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from sharpgrpo.strategies import strategy_names_help
+from sharpgrpo.strategies.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.strategy_params import PARAM_RULES, StrategyParams, _RuledField, param
-from sharpgrpo.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.validation import (
     ConfigError,
     integer,

@@ -32,7 +32,6 @@ from transformers.utils import logging
 from trl import GRPOTrainer
 
 from sharpgrpo.config import SharpGRPOConfig
-from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.models.prepared import resolve_model_name
 from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
@@ -427,15 +426,14 @@ class SharpGRPOTrainer(GRPOTrainer):
         accelerator, clip = self.accelerator, (epsilon_low, epsilon_high)
         values |= loss_metrics(accelerator, self.loss_type, mask, entropies, coef_1, advantages, clip_range=clip,
                                kl=per_token_kl if self.beta else None, phi_seq=phi_seq)
-        values |= process_means(accelerator, strategy_metrics or {})
+        values |= process_means(accelerator, strategy_metrics)
         if folded is not None:
             values[folded.loss_factor_metric] = global_masked_mean(accelerator, loss_factor, mask)
         bad = 0
         if weights is not None:
             weight_values, bad = weight_metrics(
                 accelerator, weights, mask, advantages, bounds=self.weight_strategy.bounds(), clip_range=clip,
-                surrogate_ratio=surrogate_ratio if self.loss_type in PPO_CLIP_LOSS_TYPES else None,
-                bad_weights=bad_weights,
+                loss_type=self.loss_type, surrogate_ratio=surrogate_ratio, bad_weights=bad_weights,
             )
             values |= weight_values
         append_metrics(self._metrics[mode], values)

@@ -55,7 +55,7 @@ def test_every_trl_loss_type_and_the_entropy_bonus_are_accepted(tmp_path):
 
     from trl import GRPOConfig
 
-    from sharpgrpo.loss_types import LOSS_TYPES
+    from sharpgrpo.strategies.loss_types import LOSS_TYPES
 
     trl_help = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
     trl_loss_types = set(re.findall(r"'(\w+)'", re.search(r"Supported values are (.*?)\.", trl_help).group(1)))

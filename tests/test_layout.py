@@ -18,7 +18,7 @@ PACKAGE = ROOT / "sharpgrpo"
 
 # Lowest first. Wings on one floor do not import each other.
 FLOORS = [
-    {"registry", "validation", "paths", "settings", "loss_types"},  # base: no sharpgrpo imports but each other
+    {"registry", "validation", "paths", "settings"},  # base: no sharpgrpo imports but each other
     {"strategy_params"},  # the one home of strategy parameters
     {"strategies"},  # pure tensor code: the methods, their registry and interfaces
     {"data"},

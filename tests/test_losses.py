@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from sharpgrpo.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
+from sharpgrpo.strategies.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.training.losses import policy_surrogate
 
 B, T = 4, 5

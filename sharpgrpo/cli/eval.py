@@ -23,12 +23,11 @@ from sharpgrpo.evaluation import EvalConfig, evaluate
 def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
-    from sharpgrpo.run.command_line import CommandParser, unknown_option_error
+    from sharpgrpo.evaluation.tasks import task_argument_classes
+    from sharpgrpo.run.command_line import CommandParser, option_names, unknown_option_error
 
     class EvalParser(HfArgumentParser):
         error = CommandParser.error  # one line naming the option, not argparse's usage block
-
-    from sharpgrpo.evaluation.tasks import task_argument_classes
 
     # EvalConfig's flags and each registered task's own options (e.g. search_qa's SearchArguments: the declaration
     # train.py parses too). Only the task options given on the command line are passed on: the others keep the
@@ -40,22 +39,17 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown is not None:
         raise unknown
     namespace, _ = parser.parse_known_args(args=argv)
-    given = _given_options(argv, parser, {f.name for cls in option_classes for f in dataclasses.fields(cls)})
+    task_fields = {f.name for cls in option_classes for f in dataclasses.fields(cls)}
+    given = []  # the task options whose flag occurs in argv (--name value or --name=value)
+    for name in option_names(argv):
+        action = parser._option_string_actions.get(name)
+        if action is not None and action.dest in task_fields and action.dest not in given:
+            given.append(action.dest)
     config = EvalConfig(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(EvalConfig)})
     result = evaluate(config, **{name: getattr(namespace, name) for name in given})
     print(result["markdown"])
     print(f"Wrote {config.output}", file=sys.stderr)
     return result
-
-
-def _given_options(argv: list[str], parser, names: set[str]) -> list[str]:
-    """The destinations among ``names`` whose flag occurs in ``argv`` (``--name value`` or ``--name=value``)."""
-    given = []
-    for token in argv:
-        action = parser._option_string_actions.get(token.split("=", 1)[0])
-        if action is not None and action.dest in names and action.dest not in given:
-            given.append(action.dest)
-    return given
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +28,22 @@ _INVALID = re.compile(r"^invalid (\w+) value: (.*)$", re.DOTALL)
 PATH_KINDS = ("file", "dir", "exists")
 
 
-def unknown_option_error(argv: Sequence[str], known: Iterable[str], command: str) -> ConfigError | None:
-    """The first ``--option`` in ``argv`` that is none of ``known`` (option strings such as ``--limit``), as one line
-    naming the closest known option; None when every option is known. Values are not options: a token after an
-    option that takes one is skipped by the caller's parser anyway, so only ``--name`` tokens are looked at."""
-    known = sorted(set(known))
+def option_names(argv: Sequence[str]) -> Iterator[str]:
+    """The ``--name`` of each option token in ``argv`` (``--name value`` or ``--name=value``), up to a bare ``--``.
+    Values are not options: a token after an option that takes one is skipped by the caller's parser anyway, so
+    only ``--name`` tokens are looked at."""
     for token in argv:
         if token == "--":
-            return None
-        if not token.startswith("--") or len(token) < 3:
-            continue
-        name = token.split("=", 1)[0]
+            return
+        if token.startswith("--") and len(token) >= 3:
+            yield token.split("=", 1)[0]
+
+
+def unknown_option_error(argv: Sequence[str], known: Iterable[str], command: str) -> ConfigError | None:
+    """The first ``--option`` in ``argv`` that is none of ``known`` (option strings such as ``--limit``), as one line
+    naming the closest known option; None when every option is known."""
+    known = sorted(set(known))
+    for name in option_names(argv):
         if name in known:
             continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)

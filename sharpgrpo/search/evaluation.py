@@ -121,11 +121,10 @@ def search_summary(records: Sequence[dict]) -> dict[str, float | None]:
 
 def search_generator(search_args, generator, workdir, stack):
     """The search generator for ``evaluate``: a retrieval session for ``search_args`` (the task's parsed
-    ``SearchArguments``) entered on ``stack`` (stopped with it)."""
+    ``SearchArguments``, which ``SearchQATask.configure`` has checked name a server) entered on ``stack`` (stopped
+    with it)."""
     from sharpgrpo.search.session import retrieval_session
 
-    if not search_args.enabled:
-        raise ValueError("--task search_qa needs --retrieval_url or --retrieval_corpus.")
     client = stack.enter_context(retrieval_session(search_args, workdir))
     return SearchEvalGenerator(generator, client, search_args)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.validation import ConfigError
 
 ENTROPY_MECHANISM_PAPER = StrategyPaper(

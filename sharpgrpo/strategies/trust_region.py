@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
-from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.strategies.entropy_covariance import _masked_mean, _warn_on_policy, unclipped_range
+from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 
 DPPO_PAPER = StrategyPaper(
     title="Rethinking the Trust Region in LLM Reinforcement Learning",

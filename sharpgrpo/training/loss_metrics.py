@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
+from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 
 
 def global_masked_mean(accelerator, values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -62,8 +62,8 @@ def loss_metrics(accelerator, loss_type: str, mask, entropies, ratio, advantages
     return values
 
 
-def process_means(accelerator, values: dict[str, torch.Tensor]) -> dict[str, float]:
-    """0-d device metrics (e.g. the loss strategies'), each averaged over processes, read with one host
+def process_means(accelerator, values: dict[str, torch.Tensor] | None) -> dict[str, float]:
+    """0-d device metrics (e.g. the loss strategies'; None: none), each averaged over processes, read with one host
     synchronisation."""
     if not values:
         return {}
@@ -72,13 +72,13 @@ def process_means(accelerator, values: dict[str, torch.Tensor]) -> dict[str, flo
     return dict(zip(names, accelerator.reduce(local, reduction="mean").tolist(), strict=True))
 
 
-def weight_metrics(accelerator, weights, mask, advantages, *, bounds, clip_range, surrogate_ratio,
+def weight_metrics(accelerator, weights, mask, advantages, *, bounds, clip_range, loss_type, surrogate_ratio,
                    bad_weights=None) -> tuple[dict[str, float], int]:
-    """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off
-    (``surrogate_ratio`` is None for surrogates without PPO's clip, which switch no token off: logged as 0).
-    ``bounds`` is the strategy's (lower, upper), ``clip_range`` the loss's (epsilon_low, epsilon_high). Returns the
-    metrics and ``bad_weights`` (the output checker's device count of invalid weights), read in the same host
-    synchronisation as the metrics."""
+    """``token_weight/*``: statistics of w over valid tokens, and the share of tokens the clip switched off (a
+    ``loss_type`` without PPO's clip switches no token off: logged as 0). ``bounds`` is the strategy's (lower,
+    upper), ``clip_range`` the loss's (epsilon_low, epsilon_high), ``surrogate_ratio`` the ratio the surrogate
+    clipped. Returns the metrics and ``bad_weights`` (the output checker's device count of invalid weights), read in
+    the same host synchronisation as the metrics."""
     epsilon_low, epsilon_high = clip_range
     valid = mask.bool()
     w = weights.detach().float()
@@ -87,7 +87,7 @@ def weight_metrics(accelerator, weights, mask, advantages, *, bounds, clip_range
     at_upper = (w >= upper - 1e-6).float()
     # A token gets no policy gradient when min() picks the clipped branch and the clip is active.
     grad_clipped = torch.zeros_like(w)
-    if surrogate_ratio is not None:
+    if loss_type in PPO_CLIP_LOSS_TYPES and surrogate_ratio is not None:
         grad_clipped = (
             ((surrogate_ratio > 1 + epsilon_high) & (advantages > 0))
             | ((surrogate_ratio < 1 - epsilon_low) & (advantages < 0))

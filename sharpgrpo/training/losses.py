@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from sharpgrpo.loss_types import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
+from sharpgrpo.strategies.loss_types import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
 
 
 def policy_surrogate(

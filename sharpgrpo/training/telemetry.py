@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from sharpgrpo.loss_types import PPO_CLIP_LOSS_TYPES
+from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.training.losses import token_loss_shares
 
 SCHEMA_VERSION = 1

@@ -15,8 +15,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
 from sharpgrpo.data.demo import allowed_letters_reward, demo_dataset
+from sharpgrpo.strategies.loss_types import RATIO_PLACEMENT_LOSS_TYPES
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights
-from sharpgrpo.loss_types import RATIO_PLACEMENT_LOSS_TYPES
 
 B, PROMPT, T = 8, 5, 6
 
