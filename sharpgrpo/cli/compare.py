@@ -41,7 +41,8 @@ from sharpgrpo.compare.runs import (
     run_all,
     shown_path,
 )
-from sharpgrpo.run.command_line import check_output_folder
+from sharpgrpo.run.command_line import check_input_path, check_output_folder
+from sharpgrpo.run.config_file import resolve_config_path
 from sharpgrpo.validation import ConfigError
 
 
@@ -53,7 +54,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prog="sharpgrpo compare",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
-    parser.add_argument("--config", required=True, path="file", help="The train.py YAML config every run uses.")
+    parser.add_argument(
+        "--config", required=True,
+        help="The train.py YAML config every run uses: a path, or a shipped config's name (e.g. demo), as train.py.",
+    )  # fmt: skip
     parser.add_argument(
         "--strategies", nargs="+", required=True,
         help="Strategy entries, the first is the baseline: NAME, NAME+NAME (composed), NAME:field=value[,...].",
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     try:  # every option, the config with every --set and entry: one line (exit 1) before any run starts
         args = parser.parse_args(argv)
+        args.config = resolve_config_path(args.config)  # a path, or a shipped config's name, as train.py takes it
+        check_input_path("--config", args.config, "file")
 
         if len(set(args.seeds)) != len(args.seeds):
             raise ConfigError(f"--seeds={args.seeds}: lists a seed twice.")

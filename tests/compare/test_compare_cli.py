@@ -223,3 +223,15 @@ def test_strict_letters_evaluation_task(tmp_path, tiny_model_path):
     overall = result["summary"]["overall"]
     assert overall["accuracy"] == pytest.approx(sum(greedy) / 4)
     assert set(overall["pass@k"]) == {"1", "2", "4"}
+
+
+def test_config_by_shipped_name_as_train_takes_it(tmp_path):
+    """`--config demo` is the shipped demo config (as `sharpgrpo train --config demo`); an unknown name is refused in
+    one line that lists the shipped ones."""
+    common = ["--strategies", "equal", "--seeds", "0", "--output", str(tmp_path / "out"), "--report_only"]
+    summary = main(["--config", "demo", *common])  # resolved and checked with every entry; nothing runs
+    assert [r["status"] for r in summary["runs"]] == ["missing"]
+    with pytest.raises(SystemExit) as refused:
+        main(["--config", "no_such_config", *common])
+    (line,) = str(refused.value).splitlines()
+    assert "--config='no_such_config': no such file, and no shipped config of that name" in line and "demo" in line
