@@ -18,6 +18,7 @@ from sharpgrpo.strategies.base import (
 from sharpgrpo.strategies import covariance, passk, probability_shaping, thr  # noqa: E402,F401  isort: skip
 from sharpgrpo.strategies import entropy_covariance, geometric_mean, trust_region  # noqa: E402,F401  isort: skip
 from sharpgrpo.strategies import archer, entropy_credit, ktae  # noqa: E402,F401  isort: skip
+from sharpgrpo.strategies import baselines  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "STRATEGIES", "AdvantageStrategy", "GenerationBatch", "LossContext", "LossTerms", "Strategy", "StrategyPaper",
