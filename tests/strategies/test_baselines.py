@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sharpgrpo.strategies.base import STRATEGIES, GenerationBatch
-from sharpgrpo.strategies.baselines import rloo_advantages
+from sharpgrpo.strategies.baselines import last_token_rewards, reinforce_pp_advantages, rloo_advantages
 from sharpgrpo.validation import ConfigError
 
 SEEDS = [0, 1, 2, 3]
@@ -142,9 +142,13 @@ def test_reinforce_pp_matches_verl(seed, gamma):
     batch = random_batch(seed)
     expected = verl_reinforce_pp(verl_token_level_rewards(batch.rewards, batch.completion_mask),
                                  batch.completion_mask, gamma)
-    got, metrics = strategy("reinforce_pp", reinforce_pp_gamma=gamma).token_advantages(batch)
+    got = reinforce_pp_advantages(last_token_rewards(batch.rewards, batch.completion_mask), batch.completion_mask,
+                                  gamma)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    assert set(metrics) == {"reinforce_pp/return_mean", "reinforce_pp/return_std"}
+    if gamma == 1.0:  # the registered strategy's gamma
+        got, metrics = strategy("reinforce_pp").token_advantages(batch)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert set(metrics) == {"reinforce_pp/return_mean", "reinforce_pp/return_std"}
 
 
 def test_reinforce_pp_carries_the_return_through_tool_tokens():
@@ -156,10 +160,13 @@ def test_reinforce_pp_carries_the_return_through_tool_tokens():
                             group_ids=torch.tensor([0, 0]), num_generations=2)
     token_rewards = torch.zeros(2, 6, dtype=torch.float64)
     token_rewards[0, 5], token_rewards[1, 4] = 2.0, -1.0
+    assert torch.equal(last_token_rewards(rewards, mask), token_rewards)
     expected = verl_reinforce_pp(token_rewards, mask, 0.5)
-    got, _ = strategy("reinforce_pp", reinforce_pp_gamma=0.5).token_advantages(batch)
+    got = reinforce_pp_advantages(token_rewards, mask, 0.5)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert got[0, 2] == 0 and got[0, 3] == 0 and got[0, 1] != 0
+    got, _ = strategy("reinforce_pp").token_advantages(batch)
+    torch.testing.assert_close(got, verl_reinforce_pp(token_rewards, mask, 1.0), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -177,7 +184,7 @@ def test_controls_differ_from_grpo_and_from_each_other():
     batch = random_batch(7)
     mask = batch.completion_mask
     rloo, _ = strategy("rloo").token_advantages(batch)
-    rpp, _ = strategy("reinforce_pp", reinforce_pp_gamma=1.0).token_advantages(batch)
+    rpp, _ = strategy("reinforce_pp").token_advantages(batch)
     rppb, _ = strategy("reinforce_pp_baseline").token_advantages(batch)
     grouped = batch.rewards.view(-1, batch.num_generations)
     grpo = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
