@@ -59,8 +59,9 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(values - mean) / sqrt(var + 1e-8) over the positions where ``mask`` is 1, var the unbiased (Bessel-corrected)
-    masked variance, both means over ``mask.sum() + 1e-8`` as ``verl_F.masked_whiten`` computes them; the same shape as ``values``, any value off the mask. Raises ValueError with fewer than two masked
-    positions (the unbiased variance is undefined)."""
+    masked variance, both means over ``mask.sum() + 1e-8`` as ``verl_F.masked_whiten`` computes them; the same shape
+    as ``values``, any value off the mask. Raises ValueError with fewer than two masked positions (the unbiased
+    variance is undefined)."""
     mask = mask.to(values.dtype)
     count = mask.sum()
     if float(count) < 2:
@@ -100,7 +101,8 @@ def reinforce_pp_advantages(token_rewards: torch.Tensor, mask: torch.Tensor, gam
     return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask) * mask.to(token_rewards.dtype)
 
 
-def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: torch.Tensor,
+                                     mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE++-baseline: r_i minus its group's mean reward (a group of one: minus 0), broadcast over the loss
     tokens and whitened over every loss token of the batch, 0 off the mask. rewards (B,), group_ids (B,),
     mask (B, T) -> (B, T)."""
@@ -134,7 +136,8 @@ class _BaselineStrategy(AdvantageStrategy):
                 f"strategies: {own} computes the advantage from the rewards and would discard what "
                 f"{', '.join(before)} computed before it; list {own} first among the advantage strategies."
             )
-        others = [name for name in names if name != own and getattr(STRATEGIES.get(name), "_replaces_advantage", False)]
+        others = [name for name in names
+                  if name != own and getattr(STRATEGIES.get(name), "_replaces_advantage", False)]
         if others:
             raise ConfigError(f"strategies: {own} and {others[0]} are both advantage estimators; choose one.")
 

@@ -206,7 +206,7 @@ def test_composes_first_and_refuses_to_follow_another_advantage_strategy():
 
 
 def test_passk_mixed_after_rloo_mixes_the_rloo_advantage():
-    """Composition: the strategy after ``rloo`` receives RLOO's advantages as A_grpo (passk_mixed: q A + (1-q) A_pk)."""
+    """Composition: the strategy after ``rloo`` receives RLOO's advantages as A_grpo (q A + (1 - q) A_passk)."""
     from sharpgrpo.strategies.passk import mixed_advantages
 
     batch = random_batch(3, binary=True)
