@@ -53,8 +53,9 @@ def parse_args(argv=None):
                         help="products: fp32, TF32 (CUDA) or bf16 inputs; accumulation is always fp32")
     parser.add_argument("--methods", nargs="+", default=["fused", "factored", "pairwise"],
                         choices=["fused", "factored", "pairwise", "auto"])
-    parser.add_argument("--fused-kernel", default="auto", choices=["auto", "torch", "triton"],
-                        help="kernel of the fused method (auto: Triton on CUDA when installed)")
+    parser.add_argument("--fused-kernel", default="auto", choices=list(thr_kernels.KERNELS),
+                        help="kernel path of the fused method (thr_kernels.KERNELS; auto: "
+                             "thr_kernels.AUTO_TRITON_PATH on CUDA when triton is installed)")
     parser.add_argument("--vocab-mode", default="full", choices=["full", "sampled"])
     parser.add_argument("--frac-positive", type=float, default=0.5, help="fraction of the G completions in P")
     parser.add_argument("--chunk-size", type=int, default=1024, help="thr_chunk_size (tokens)")
@@ -130,9 +131,10 @@ def matmul_rate(device, dtype, size):
     return 2 * size**3 / seconds
 
 
-def method_flops(method, n_tokens, n_pos, vocab, hidden, sub_vocab):
+def method_flops(method, n_tokens, n_pos, vocab, hidden, sub_vocab, path="torch"):
+    """Flops of ``method`` (``path``: the fused method's kernel path, resolved)."""
     if method == "fused":  # P-token logsumexp pass, then logits, S tiles and U = H S^T (thr_kernels.py)
-        return 2 * vocab * hidden * (2 * n_tokens + 2 * n_pos)
+        return thr_kernels.path_flops(path, n_tokens, n_pos, hidden, vocab)
     lse_pass = 2 * n_tokens * vocab * hidden
     if method == "factored":
         return lse_pass + 2 * sub_vocab * hidden * (2 * n_tokens + n_pos)
@@ -198,6 +200,7 @@ def main(argv=None):
                 else:
                     base_method, base = agreement["first"]
                     rel = float((result - base).abs().max() / base.abs().max().clamp(min=1e-30))
+                    agreement[method] = rel
                     print(f"max |{method} - {base_method}| / max |{base_method}| = {rel:.2e}", flush=True)
             chosen = method
             if method == "auto" and use_fused("auto", args.vocab_mode, n_tokens, n_pos, args.hidden, args.vocab,
@@ -209,12 +212,14 @@ def main(argv=None):
                 fits = n_pos * n_tokens <= args.chunk_size * args.vocab
                 chosen = "pairwise" if fits and f_pair < f_fact else "factored"
             floor = 2 * n_pos * n_tokens * sub_vocab
-            flops = method_flops(chosen, n_tokens, n_pos, args.vocab, args.hidden, sub_vocab)
+            path = thr_kernels.resolve_kernel(args.fused_kernel, device) if chosen == "fused" else None
+            flops = method_flops(chosen, n_tokens, n_pos, args.vocab, args.hidden, sub_vocab, path)
             row = {
                 "L": length, "N": n_tokens, "nP": n_pos, "method": method if method != "auto" else f"auto={chosen}",
                 "thr_s": seconds, "thr_peak_bytes": peak, "unembed_s": unembed_time,
                 "floor_gflop": floor / 1e9, "method_gflop": flops / 1e9,
                 "floor_frac": floor / seconds / rate, "method_frac": flops / seconds / rate,
+                "kernel_path": path, "method_floor_s": flops / rate,  # the method's flops at the matmul rate
             }
             rows.append(row)
             print(f"| {length} | {n_tokens} | {n_pos} | {row['method']} | {seconds:.3f} s | {fmt_bytes(peak)} | "
@@ -223,6 +228,7 @@ def main(argv=None):
     if args.json is not None:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rate": rate,
                                          "rows": rows}, indent=2))
+    return {"rate": rate, "rows": rows, "agreement": {k: v for k, v in agreement.items() if k != "first"}}
 
 
 if __name__ == "__main__":
