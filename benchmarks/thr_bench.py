@@ -60,6 +60,8 @@ def parse_args(argv=None):
     parser.add_argument("--frac-positive", type=float, default=0.5, help="fraction of the G completions in P")
     parser.add_argument("--chunk-size", type=int, default=1024, help="thr_chunk_size (tokens)")
     parser.add_argument("--repeats", type=int, default=1, help="timed repeats per shape (the minimum is reported)")
+    parser.add_argument("--rate-size", type=int, default=None,
+                        help="side of the square matmul whose rate is measured (default 2048 on CPU, 8192 on CUDA)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
     return parser.parse_args(argv)
 
@@ -158,7 +160,7 @@ def main(argv=None):
     gen = torch.Generator(device="cpu").manual_seed(0)
     weight = (torch.randn(args.vocab, args.hidden, generator=gen) * (2.0 / args.hidden**0.5)).to(device, dtype)
     rate_dtype = torch.bfloat16 if matmul_dtype is not None else torch.float32
-    rate = matmul_rate(device, rate_dtype, 2048 if device.type == "cpu" else 8192)
+    rate = matmul_rate(device, rate_dtype, args.rate_size or (2048 if device.type == "cpu" else 8192))
     print(f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} matmul={args.matmul_dtype} "
           f"G={args.G} V={args.vocab} H={args.hidden} vocab_mode={args.vocab_mode} chunk_size={args.chunk_size} "
           f"frac_positive={args.frac_positive} fused_kernel={args.fused_kernel}; measured matmul rate {rate / 1e9:.1f} GFLOP/s ({rate_dtype})")

@@ -14,6 +14,10 @@ and the torch kernels. ``--skip-tune``: the module's configurations as they are.
 
     python benchmarks/thr_triton_tune.py --json tune.json -- --device cuda --dtype bfloat16 --vocab 151936 \\
         --hidden 1536 --lengths 1024 2048 4096 --matmul-dtype bfloat16 --methods fused factored --repeats 3
+
+The sweep times the second kernel's two launches too (the P rows' D tile, ``triton_error_tile``, and their token
+side from D, ``triton_error_u``, on nP = N / 2 rows) and sets ``TRITON_ERROR_CONFIG`` / ``TRITON_ERROR_U_CONFIG`` to
+the fastest; ``--kernels`` names the thr_bench.py runs (kernel paths, ``thr_kernels.KERNELS``).
 """
 
 from __future__ import annotations
@@ -103,6 +107,32 @@ def tile_error(config, n, cols, hidden, device):
     return max(float((got[k] - want[k]).abs().max() / want[k].abs().max()) for k in want)
 
 
+def reference_error(device, kernel: str, seeds=(40, 41, 42)) -> float:
+    """Largest relative error (to the largest score) of the fused score through kernel path ``kernel`` on
+    ``device`` against the test suite's float64 loop reference (tests/strategies/test_thr.py), fp32, on small random
+    groups with ragged lengths; entropies and per-completion sums are checked too (relative to their largest)."""
+    from test_thr import make_group, reference_scores
+
+    from sharpgrpo.strategies.thr import token_hidden_reward_scores
+
+    worst = 0.0
+    for seed in seeds:
+        hidden, tok, mask, positive, weight, bias = make_group(seed, G=4, T=9)
+        saved, thr_kernels.DEFAULT_KERNEL = thr_kernels.DEFAULT_KERNEL, kernel
+        try:
+            result = token_hidden_reward_scores(hidden.to(device), tok.to(device), mask.to(device),
+                                                positive.to(device), weight.to(device), bias.to(device), 0.9, "full",
+                                                8, compute_entropy=True, method="fused", beta=1.1)
+        finally:
+            thr_kernels.DEFAULT_KERNEL = saved
+        scores, _, influence, entropy = reference_scores(hidden, tok, mask, positive, weight, bias, 0.9, beta=1.1)
+        pairs = ((result.scores, scores * mask), (result.entropies, entropy * mask),
+                 (result.sequence_influence[positive.to(device)], influence[positive]))
+        for got, want in pairs:
+            worst = max(worst, float((got.cpu().double() - want).abs().max() / want.abs().max()))
+    return worst
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     bench_argv = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -117,7 +147,8 @@ def main(argv=None):
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--skip-tune", action="store_true", help="no candidate sweep: check and bench as configured")
-    parser.add_argument("--kernels", nargs="+", default=["triton", "torch"], help="thr_bench.py runs, one per kernel")
+    parser.add_argument("--kernels", nargs="+", default=["triton", "triton-tokens", "torch"],
+                        choices=list(thr_kernels.KERNELS), help="thr_bench.py runs, one per kernel path")
     args = parser.parse_args(argv)
     global DTYPE
     DTYPE = getattr(torch, args.dtype)
@@ -129,8 +160,11 @@ def main(argv=None):
     h, w, s, ids = random_tile(n, cols, args.hidden, args.vocab, device, seed=1)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{name}; tile: N={n} x {cols} columns, H={args.hidden}, {args.dtype}", flush=True)
-    print("| BM | BN | BK | warps | stages | max rel err (tile stats) | with U | TFLOP/s | without U | TFLOP/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| BM | BN | BK | warps | stages | max rel err (tile stats) | with U | TFLOP/s | without U | TFLOP/s "
+          "| D tile (nP rows) | TFLOP/s | U from D (nP rows) | TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    n_pos = n // 2
+    lse, one_minus_q = torch.zeros(n_pos, device=device), torch.ones(n_pos, device=device)
     rows = []
     for bm, bn, bk, warps, stages in [] if args.skip_tune else CANDIDATES:
         config = {"block_m": bm, "block_n": bn, "block_k": bk, "num_warps": warps, "num_stages": stages}
@@ -140,51 +174,49 @@ def main(argv=None):
                                args.repeats)
             without_u = time_cuda(lambda: thr_kernels.triton_tile_statistics(h, w, None, None, ids, 1.0, **config),
                                   args.repeats)
+            d_pos = thr_kernels.triton_error_tile(h[:n_pos], w, None, ids[:n_pos], lse, one_minus_q, 1.0, **config)
+            d_time = time_cuda(lambda: thr_kernels.triton_error_tile(h[:n_pos], w, None, ids[:n_pos], lse,
+                                                                     one_minus_q, 1.0, **config), args.repeats)
+            du_time = time_cuda(lambda: thr_kernels.triton_error_u(h[:n_pos], s, d_pos, ids[:n_pos], **config),
+                                args.repeats)
         except Exception as failure:  # noqa: BLE001 - a configuration that does not compile (registers, smem)
             print(f"| {bm} | {bn} | {bk} | {warps} | {stages} | failed: {type(failure).__name__}: "
                   f"{str(failure).splitlines()[0][:80]} |||||", flush=True)
             continue
         flops_u, flops = 4 * n * cols * args.hidden, 2 * n * cols * args.hidden
+        pos_flops = 2 * n_pos * cols * args.hidden
         rows.append({**config, "rel_err": error, "with_u_s": with_u, "without_u_s": without_u,
-                     "with_u_tflops": flops_u / with_u / 1e12, "without_u_tflops": flops / without_u / 1e12})
+                     "with_u_tflops": flops_u / with_u / 1e12, "without_u_tflops": flops / without_u / 1e12,
+                     "d_tile_s": d_time, "u_from_d_s": du_time})
         print(f"| {bm} | {bn} | {bk} | {warps} | {stages} | {error:.1e} | {with_u * 1e3:.2f} ms | "
-              f"{flops_u / with_u / 1e12:.0f} | {without_u * 1e3:.2f} ms | {flops / without_u / 1e12:.0f} |",
-              flush=True)
+              f"{flops_u / with_u / 1e12:.0f} | {without_u * 1e3:.2f} ms | {flops / without_u / 1e12:.0f} | "
+              f"{d_time * 1e3:.2f} ms | {pos_flops / d_time / 1e12:.0f} | {du_time * 1e3:.2f} ms | "
+              f"{pos_flops / du_time / 1e12:.0f} |", flush=True)
     if rows:  # the fastest accurate candidates become the configurations used below (--skip-tune: as configured)
         accurate = [r for r in rows if r["rel_err"] < 1e-3]
         for config, key in ((thr_kernels.TRITON_TILE_CONFIG, "with_u_s"),
-                            (thr_kernels.TRITON_NORMALISER_CONFIG, "without_u_s")):
+                            (thr_kernels.TRITON_NORMALISER_CONFIG, "without_u_s"),
+                            (thr_kernels.TRITON_ERROR_CONFIG, "d_tile_s"),
+                            (thr_kernels.TRITON_ERROR_U_CONFIG, "u_from_d_s")):
             fastest = min(accurate, key=lambda r: r[key])
             config.update({k: fastest[k] for k in config})
     print(f"kernel configurations (the fastest accurate candidates unless --skip-tune): with U "
-          f"{thr_kernels.TRITON_TILE_CONFIG}, without U {thr_kernels.TRITON_NORMALISER_CONFIG}", flush=True)
+          f"{thr_kernels.TRITON_TILE_CONFIG}, without U {thr_kernels.TRITON_NORMALISER_CONFIG}, D tile "
+          f"{thr_kernels.TRITON_ERROR_CONFIG}, U from D {thr_kernels.TRITON_ERROR_U_CONFIG}", flush=True)
 
-    # The whole fused score with the kernel, against the suite's float64 reference (fp32, small shapes, on the GPU).
-    from test_thr import make_group, reference_scores
-
-    from sharpgrpo.strategies.thr import token_hidden_reward_scores
-
-    worst = 0.0
-    for seed in range(3):
-        hidden, tok, mask, positive, weight, bias = make_group(40 + seed, G=4, T=9)
-        original = thr_kernels.fused_factored_sums
-        thr_kernels.fused_factored_sums = lambda *a: original(*a, kernel="triton")
-        try:
-            result = token_hidden_reward_scores(hidden.to(device), tok.to(device), mask.to(device),
-                                                positive.to(device), weight.to(device), bias.to(device), 0.9, "full",
-                                                8, compute_entropy=True, method="fused", beta=1.1)
-        finally:
-            thr_kernels.fused_factored_sums = original
-        reference = reference_scores(hidden, tok, mask, positive, weight, bias, 0.9, beta=1.1)[0] * mask
-        worst = max(worst, float((result.scores.cpu().double() - reference).abs().max() / reference.abs().max()))
-    print(f"fused score with the Triton kernel on {device} vs float64 reference (fp32, 3 groups): "
-          f"max rel error {worst:.1e}", flush=True)
+    # The whole fused score with each Triton path, against the suite's float64 reference (fp32, on the GPU).
+    errors = {path: reference_error(device, path) for path in ("triton-tokens", "triton")}
+    for path, error in errors.items():
+        print(f"fused score with the {path} kernel path on {device} vs float64 reference (fp32, 3 groups): "
+              f"max rel error {error:.1e}", flush=True)
     if args.json is not None:
         device_name = str(device) if device.type == "cpu" else torch.cuda.get_device_name()
         args.json.write_text(json.dumps({"device": device_name, "tile_columns": cols, "rows": rows,
                                          "best": thr_kernels.TRITON_TILE_CONFIG,
                                          "best_normaliser": thr_kernels.TRITON_NORMALISER_CONFIG,
-                                         "reference_rel_err": worst}, indent=2))
+                                         "best_error": thr_kernels.TRITON_ERROR_CONFIG,
+                                         "best_error_u": thr_kernels.TRITON_ERROR_U_CONFIG,
+                                         "reference_rel_err": errors}, indent=2))
     if bench_argv:
         import thr_bench
 
