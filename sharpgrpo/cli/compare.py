@@ -3,14 +3,14 @@
     sharpgrpo compare --config configs/demo.yaml --strategies equal grpo_sg cw_grpo thr --seeds 0 1 2 3 4 \\
         --output reports/demo [--jobs 2] [--set max_steps=100 ...] [--eval TASK --eval_limit K]
 
-Every (strategy, seed) is its own ``train.py`` run of the same config; only ``strategies``, ``seed``, the strategy
+Every (strategy, seed) is its own ``sharpgrpo train`` run of the same config; only ``strategies``, ``seed``, the strategy
 entry's parameters and the ``--set`` overrides differ. Runs go to ``OUTPUT/runs/<strategy>/seed<k>/`` (log:
 ``train.log``), at most ``--jobs`` at a time, each with ``cores / jobs`` threads. A run that finished (its
 ``compare_run.json`` marker, written after a successful exit, and ``trainer_state.json`` exist with the same
 command and config file contents) is kept and skipped, so an interrupted comparison resumes where it stopped; a run
 whose config file or overrides changed since it ran is run again; a crashed run is reported with its log and the
 others go on. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the queued runs, forwards one SIGINT to the running
-``train.py`` processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of
+``sharpgrpo train`` processes (they save a checkpoint and stop; killed after ``--stop_grace`` seconds), writes the report of
 the finished runs and exits with 130; the same command then resumes (interrupted runs start again). Then
 ``sharpgrpo.compare.stats`` aggregates: per strategy the mean and Student-t interval over seeds, and the paired
 difference against the first strategy (the baseline), into ``report.md``, ``summary.json``, ``reward.png``,
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--config", required=True,
-        help="The train.py YAML config every run uses: a path, or a shipped config's name (e.g. demo), as train.py.",
+        help="The training YAML config every run uses: a path, or a shipped config's name (e.g. demo), as sharpgrpo train takes it.",
     )  # fmt: skip
     parser.add_argument(
         "--strategies", nargs="+", required=True,
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="Runs at a time (each gets cores / jobs threads).")  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
-        help="Config overrides applied to every run (train.py --FIELD VALUE).",
+        help="Config overrides applied to every run (sharpgrpo train --FIELD VALUE).",
     )  # fmt: skip
     parser.add_argument("--eval", dest="eval_task", default=None, help="After training, run sharpgrpo eval --task.")
     parser.add_argument("--eval_limit", type=int, default=None, rule=integer(1, allow_none=True),
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     parser.add_argument(
         "--stop_grace", type=float, default=120.0, rule=non_negative(),
-        help="On Ctrl-C / SIGTERM: seconds the running train.py get to save a checkpoint and stop before a kill.",
+        help="On Ctrl-C / SIGTERM: seconds the running training processes get to save a checkpoint and stop before a kill.",
     )  # fmt: skip
     parser.add_argument("--python", default=sys.executable, help="Python interpreter of the runs.")
     parser.add_argument(

@@ -1,7 +1,7 @@
-"""The runs of a comparison (``sharpgrpo compare``): each (strategy, seed) is its own ``train.py`` run of one config,
+"""The runs of a comparison (``sharpgrpo compare``): each (strategy, seed) is its own ``sharpgrpo train`` run of one config (``python -m sharpgrpo.cli.train``),
 planned into ``OUTPUT/runs/<strategy>/seed<k>/``, reused when its ``compare_run.json`` marker matches the command and
 the config file's contents, and executed in child processes (at most ``jobs`` at a time) that a stop request
-interrupts the way Ctrl-C interrupts ``train.py`` (a checkpoint, then exit; a kill after ``stop_grace`` seconds).
+interrupts the way Ctrl-C interrupts ``sharpgrpo train`` (a checkpoint, then exit; a kill after ``stop_grace`` seconds).
 
 A strategy entry is ``NAME[+NAME...][:field=value[,field=value...]]``: ``grpo_sg+thr`` composes two strategies,
 ``thr:thr_p=-0.1`` sets a parameter; its label (``thr (thr_p=-0.1)``) names it in the tables and plots.
@@ -147,7 +147,7 @@ def plan_runs(
     config: str, specs: list[StrategySpec], seeds: list[int], output: Path, overrides: list[tuple[str, str]],
     eval_task: str | None = None, eval_limit: int | None = None, eval_set: list[tuple[str, str]] | None = None,
 ) -> list[Run]:  # fmt: skip
-    """One :class:`Run` per (strategy, seed) with its ``train.py`` arguments (config, overrides, then the entry's
+    """One :class:`Run` per (strategy, seed) with its ``sharpgrpo train`` arguments (config, overrides, then the entry's
     parameters, then strategies, seed and output folder)."""
     runs = []
     for spec in specs:
@@ -176,8 +176,32 @@ def _environment(threads: int) -> dict[str, str]:
         env[name] = str(threads)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    if (REPO_ROOT / "pyproject.toml").is_file():  # a source checkout: the runs import this very copy of the package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+# What each child process runs, as ``python -m MODULE``: the package's own command modules, so that an installed
+# wheel (which has no ``train.py`` script) runs them as a source checkout does.
+TRAIN_MODULE, EVAL_MODULE = "sharpgrpo.cli.train", "sharpgrpo.cli.eval"
+COMMAND_NAMES = {TRAIN_MODULE: "sharpgrpo train", EVAL_MODULE: "sharpgrpo eval"}
+_TRACEBACK_HINT = re.compile(r"\s*\(full traceback: [^)]*\)\s*$")
+
+
+def failure_line(log: Path, start: int = 0) -> str | None:
+    """The line that says why a child failed, from its part of ``log`` (from byte ``start``): its last ``error:``
+    line (the commands' one-line errors, without the traceback hint), else the last line of a traceback or output."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(start)
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    if errors:
+        return _TRACEBACK_HINT.sub("", errors[-1])
+    return lines[-1] if lines else None
 
 
 class Interrupted(Exception):
@@ -185,7 +209,7 @@ class Interrupted(Exception):
 
 
 class ChildProcesses:
-    """The running ``train.py`` / eval processes, and the stop switch that keeps new ones from starting.
+    """The running ``sharpgrpo train`` / ``eval`` processes, and the stop switch that keeps new ones from starting.
 
     Children get their own session (``start_new_session``) so that a Ctrl-C in the terminal reaches only the
     comparison, which then forwards exactly one SIGINT to each (a second one would abort them before their
@@ -255,15 +279,17 @@ def execute(
     (run.directory / MARKER).unlink(missing_ok=True)
     started = time.time()
     env = _environment(threads)
-    commands = [[python, str(REPO_ROOT / "train.py"), *run.train_args]]
+    commands = [[python, "-m", TRAIN_MODULE, *run.train_args]]
     if run.eval_args is not None:
-        commands.append([python, "-m", "sharpgrpo.cli.eval", "--model", str(run.directory), *run.eval_args,
+        commands.append([python, "-m", EVAL_MODULE, "--model", str(run.directory), *run.eval_args,
                          "--output", str(run.eval_output)])  # fmt: skip
     with open(run.log, "w", encoding="utf-8") as log:
         for command in commands:
             log.write("$ " + " ".join(command) + "\n")
             log.flush()
-            process = children.start(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+            start = log.tell()
+            # In the comparison's own folder: a relative path in --set means what it meant to the checks before.
+            process = children.start(command, stdout=log, stderr=subprocess.STDOUT, env=env)
             if process is None:
                 run.status, run.error = "interrupted", "the comparison was stopped"
                 break
@@ -280,7 +306,10 @@ def execute(
                 run.status, run.error = "interrupted", f"stopped by the comparison (exit code {code})"
                 break
             if code != 0:
-                run.status, run.error = "failed", f"exit code {code} of {Path(command[1]).name} {command[2]}"
+                log.flush()
+                reason = failure_line(run.log, start)
+                run.status = "failed"
+                run.error = f"{COMMAND_NAMES[command[2]]} exited with code {code}" + (f": {reason}" if reason else "")
                 break
     run.seconds = time.time() - started
     if run.status == "pending":

@@ -1,4 +1,4 @@
-"""``sharpgrpo compare`` end to end: real train.py runs of the tiny model, Ctrl-C, resume, a crashed run
+"""``sharpgrpo compare`` end to end: real `sharpgrpo train` runs of the tiny model, Ctrl-C, resume, a crashed run
 next to runs that complete, and a config file edited between runs."""
 
 import json
@@ -133,7 +133,9 @@ def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path)
     assert (output / "entropy.png").stat().st_size > 0
     for run in on_disk["runs"]:
         if run["status"] == "failed":
-            assert f"seed {run['seed']}: exit code 1 of train.py" in report
+            # the run's own error line, from its log, in the report (not only "see the log")
+            assert f"seed {run['seed']}: sharpgrpo train exited with code 1: error: " in report
+            assert "max_completion_length" in run["error"] and "full traceback" not in run["error"]
             assert run["log"] in report and "max_completion_length" in Path(run["log"]).read_text()
             assert run["metrics"] is None
 
