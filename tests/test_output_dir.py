@@ -73,10 +73,82 @@ def test_overwriting_replaces_the_whole_earlier_run_and_nothing_else(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     (project / "thesis.tex").write_text("not a run")
-    with pytest.raises(ConfigError, match=r"^output_dir='.*project' holds files that are not a training run's "
-                                          r"\(thesis.tex\)"), guard_output_dir(project, resuming=False, overwrite=True):
+    with pytest.raises(ConfigError, match=r"^output_dir='.*project' holds files that sharpgrpo train did not write "
+                                          r"\(thesis.tex; no training run's marker"), \
+            guard_output_dir(project, resuming=False, overwrite=True):
         pass
+    assert sorted(p.name for p in project.iterdir()) == ["thesis.tex"]  # not even a lock file was left there
     assert (project / "thesis.tex").read_text() == "not a run"
+
+
+def test_a_folder_that_looks_like_a_run_but_carries_no_marker_is_not_emptied(tmp_path):
+    """A model's own folder (config.json, model.safetensors) used to count as a run's and was emptied."""
+    model = tmp_path / "my_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ConfigError, match="did not write"), guard_output_dir(model, resuming=False, overwrite=True):
+        pass
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_an_input_inside_the_run_to_replace_is_refused_and_nothing_removed(tmp_path):
+    folder = tmp_path / "run"
+    with guard_output_dir(folder, resuming=False, overwrite=False):
+        (folder / "checkpoint-2").mkdir()
+        (folder / "model.safetensors").write_bytes(b"w")
+    before = sorted(p.name for p in folder.iterdir())
+    inputs = {"model_name_or_path": str(folder / "checkpoint-2"), "dataset_name": "demo"}
+    with pytest.raises(ConfigError, match=r"would delete an input of this run \(model_name_or_path='.*checkpoint-2'"), \
+            guard_output_dir(folder, resuming=False, overwrite=True, inputs=inputs):
+        pass
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_run_without_a_checkpoint_is_not_offered_a_resume(tmp_path):
+    folder = tmp_path / "run"
+    with guard_output_dir(folder, resuming=False, overwrite=False):
+        (folder / "trainer_state.json").write_text("{}")
+    with pytest.raises(ConfigError) as refused, guard_output_dir(folder, resuming=False, overwrite=False):
+        pass
+    assert "resume_from_checkpoint" not in str(refused.value)
+    assert "saved no checkpoint to resume from: replace it with --overwrite_output_dir true" in str(refused.value)
+
+
+def test_the_marker_says_what_wrote_the_folder(tmp_path):
+    from sharpgrpo.run.output_dir import OUTPUT_MARKER, read_output_marker
+
+    folder = tmp_path / "run"
+    with guard_output_dir(folder, resuming=False, overwrite=False):
+        pass
+    marker = read_output_marker(folder)
+    assert marker["written_by"] == "sharpgrpo train" and marker["created"] and marker["command_line"]
+    assert (folder / OUTPUT_MARKER).is_file()
+
+
+def test_every_writing_command_follows_one_rule(tmp_path):
+    """check_output_target / claim_output_target: new, empty or the same command's folder is written; a folder of
+    someone else's files, of another command, or of the same command with other settings is refused untouched."""
+    from sharpgrpo.run.output_dir import check_output_target, claim_output_target
+
+    report = tmp_path / "report"
+    check_output_target(report, command="sharpgrpo plot")
+    claim_output_target(report, command="sharpgrpo plot")
+    (report / "reward.png").write_bytes(b"png")
+    check_output_target(report, command="sharpgrpo plot")  # its own output: replaced by a new plot
+    with pytest.raises(ConfigError, match=r"holds the output of `sharpgrpo plot`"):
+        check_output_target(report, command="sharpgrpo compare")
+    claim_output_target(tmp_path / "cmp", command="sharpgrpo compare", settings={"seeds": [0, 1]})
+    (tmp_path / "cmp" / "report.md").write_text("r")
+    check_output_target(tmp_path / "cmp", command="sharpgrpo compare", settings={"seeds": [0, 1]})
+    with pytest.raises(ConfigError, match=r"with other settings \(differing: seeds\)"):
+        check_output_target(tmp_path / "cmp", command="sharpgrpo compare", settings={"seeds": [0, 2]})
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "reward.png").write_bytes(b"my own figure")
+    with pytest.raises(ConfigError, match=r"holds files that sharpgrpo plot did not write \(reward.png"):
+        check_output_target(mine, command="sharpgrpo plot")
+    assert (mine / "reward.png").read_bytes() == b"my own figure"
 
 
 def test_an_empty_folder_or_a_new_one_is_used(tmp_path):

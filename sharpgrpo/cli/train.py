@@ -71,6 +71,15 @@ class TaskArguments:
             "Without it a non-empty output_dir is refused unless the run resumes (resume_from_checkpoint)."
         },
     )
+    allow_incomplete_resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume from a checkpoint that lacks a piece of its state (optimizer.pt, scheduler.pt, "
+            "rng_state.pth, sharpgrpo_strategy_state.pt, or a file its completion marker lists), with a warning "
+            "naming what will differ from an uninterrupted run. Without it such a checkpoint is refused, naming the "
+            "file."
+        },
+    )
     print_metrics: bool = field(
         default=False,
         metadata={
@@ -85,9 +94,11 @@ def main(
     training_args: SharpGRPOConfig,
     model_args: ModelConfig,
     *setting_args,
+    config_path: str | None = None,
 ) -> SharpGRPOTrainer:
     """Train with the parsed config; ``setting_args`` are the parsed arguments of the registered settings
-    (``sharpgrpo.settings.training_setting_arguments``), one of which may supply the rollout."""
+    (``sharpgrpo.settings.training_setting_arguments``), one of which may supply the rollout; ``config_path``: the
+    config file (an input the output_dir guard never removes)."""
     from sharpgrpo.run.lifecycle import CheckpointError, resolve_resume_checkpoint
     from sharpgrpo.run.output_dir import guard_output_dir
     from sharpgrpo.run.run_output import check_process_count
@@ -96,22 +107,29 @@ def main(
     from sharpgrpo.models.source import check_model_source
 
     # The model folder (config, weights, tokenizer), a prepared name or a Hub id: before output_dir is touched.
-    check_model_source(model_args.model_name_or_path or "sharpgrpo-tiny", revision=model_args.model_revision)
+    from sharpgrpo.run.input_checks import checked_model_name, input_paths
+
+    check_model_source(checked_model_name(model_args.model_name_or_path), revision=model_args.model_revision)
     try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
         training_args.resume_from_checkpoint = resolve_resume_checkpoint(
-            training_args.resume_from_checkpoint, training_args.output_dir
+            training_args.resume_from_checkpoint, training_args.output_dir, training_args,
+            allow_missing=task.allow_incomplete_resume,
         )
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
     resuming = training_args.resume_from_checkpoint is not None
-    with guard_output_dir(training_args.output_dir, resuming=resuming, overwrite=task.overwrite_output_dir):
+    from sharpgrpo.run.input_checks import check_training_inputs
+
+    inputs = check_training_inputs(task, training_args, model_args)  # every input, before output_dir is touched
+    with guard_output_dir(training_args.output_dir, resuming=resuming, overwrite=task.overwrite_output_dir,
+                          inputs=input_paths(task, training_args, model_args, config_path)):  # fmt: skip
         from sharpgrpo.settings import training_rollout
 
         with training_rollout(setting_args, training_args.output_dir) as rollout_func:
-            return _main(task, training_args, model_args, rollout_func=rollout_func)
+            return _main(task, training_args, model_args, rollout_func=rollout_func, inputs=inputs)
 
 
-def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTrainer:
+def _main(task, training_args, model_args, rollout_func=None, inputs=None) -> SharpGRPOTrainer:
     from transformers import AutoConfig, AutoTokenizer
     from trl import get_peft_config
 
@@ -130,7 +148,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
     from sharpgrpo.run.run_output import CompletionsCallback, QuietProgressCallback, training_summary
     from sharpgrpo.validation import ConfigError
     # Inputs are checked before a model is built or loaded (the config checked itself while parsing).
-    model_name, reward_funcs, train_dataset = check_training_inputs(task, training_args, model_args)
+    model_name, reward_funcs, train_dataset = inputs or check_training_inputs(task, training_args, model_args)
 
     model_path = resolve_model_name(model_name)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
@@ -163,7 +181,7 @@ def _main(task, training_args, model_args, rollout_func=None) -> SharpGRPOTraine
         peft_config=get_peft_config(model_args),
         rollout_func=rollout_func,
     )
-    trainer.base_model_name = model_args.model_name_or_path or "sharpgrpo-tiny"  # named on the model card
+    trainer.base_model_name = model_name  # named on the model card
     if task.save_completions:
         trainer.add_callback(CompletionsCallback(trainer))
     if not task.print_metrics:
@@ -223,7 +241,9 @@ def cli(args: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
     with one_line_errors(args):  # an error prints one line; --debug or SHARPGRPO_DEBUG=1 shows the traceback
         apply_config_env(args)  # before transformers and datasets are imported: they read it once, on import
-        main(*parse_arguments(args))
+        from sharpgrpo.run.config_file import config_path_from_args
+
+        main(*parse_arguments(args), config_path=config_path_from_args(args))
 
 
 def parse_arguments(args: list[str]) -> tuple:

@@ -86,18 +86,116 @@ def check_trainer_state(path: str | os.PathLike) -> dict:
     return state
 
 
-def check_checkpoint(checkpoint: str | os.PathLike) -> dict:
-    """Check a checkpoint folder's trainer state and weights; return the trainer state. Raises
-    :class:`CheckpointError` naming the first damaged file."""
+def check_checkpoint(checkpoint: str | os.PathLike, allow_missing: bool = False) -> dict:
+    """Check a checkpoint folder: it is one (not a run's output_dir or a model folder), every piece of its state is
+    there (:func:`missing_pieces`) and no file is damaged; return the trainer state. Raises :class:`CheckpointError`
+    naming the first missing or damaged file; ``allow_missing`` (``allow_incomplete_resume``) turns a missing piece
+    into a warning that says what will differ."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
         raise CheckpointError(f"Checkpoint {checkpoint} does not exist or is not a folder.")
+    inside = checkpoint_folders(checkpoint)
+    if inside or not (checkpoint / "trainer_state.json").exists():
+        hint = (f" it is a run's output_dir: resume from one of its checkpoints ({inside[0].name}, ...) or give "
+                "--resume_from_checkpoint true with this output_dir" if inside else
+                " a run's checkpoints are its checkpoint-N folders")  # fmt: skip
+        raise CheckpointError(f"{checkpoint} is not a checkpoint (no trainer_state.json, or checkpoint-N folders "
+                              f"inside it);{hint}.")  # fmt: skip
     state = check_trainer_state(checkpoint / "trainer_state.json")
     for file in sorted(checkpoint.glob("*.safetensors")):
         check_safetensors(file)
     for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
         check_torch_file(file)
+    missing = missing_pieces(checkpoint)
+    if missing:
+        what = "; ".join(f"{name} ({why})" for name, why in missing)
+        if not allow_missing:
+            raise CheckpointError(
+                f"{checkpoint} lacks {what}: resuming would not continue the run exactly. Resume from a complete "
+                "checkpoint, or accept the difference with --allow_incomplete_resume true."
+            )
+        warnings.warn(f"allow_incomplete_resume: {checkpoint} lacks {what}; the resumed run differs from an "
+                      "uninterrupted one from there on.", stacklevel=2)  # fmt: skip
     return state
+
+
+# What each piece of a checkpoint restores: transformers writes the first four, sharpgrpo the strategies' state.
+_PIECES = (
+    ("optimizer.pt", "the optimizer state (Adam's moments): the resumed run would restart them from zero"),
+    ("scheduler.pt", "the learning-rate schedule: the resumed run would restart it from step 0"),
+    ("rng_state*.pth", "the random streams: the resumed run would sample other completions"),
+    ("sharpgrpo_strategy_state*.pt", "the strategies' state and the generation count: they would restart fresh"),
+)
+_WEIGHTS = ("model.safetensors", "model-*.safetensors", "adapter_model.safetensors", "pytorch_model*.bin",
+            "adapter_model.bin", "global_step*", "pytorch_model_fsdp*")  # fmt: skip
+
+
+def checkpoint_listing(checkpoint: str | os.PathLike) -> dict[str, int] | None:
+    """The files (name -> size) the checkpoint's completion marker lists, or None (no marker, or an older one)."""
+    try:
+        lines = (Path(checkpoint) / COMPLETE_MARKER).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    listed = {}
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[0] == "file" and parts[2].isdigit():
+            listed[parts[1]] = int(parts[2])
+    return listed or None
+
+
+def missing_pieces(checkpoint: str | os.PathLike) -> list[tuple[str, str]]:
+    """``(file, why it matters)`` of each piece of state the checkpoint lacks: the files its completion marker lists
+    (missing, or of another size), else the pieces every checkpoint holds (weights, optimizer, scheduler, random and
+    strategy states)."""
+    checkpoint = Path(checkpoint)
+    listed = checkpoint_listing(checkpoint)
+    if listed is not None:
+        missing = []
+        for name, size in sorted(listed.items()):
+            path = checkpoint / name
+            if not path.exists():
+                missing.append((name, "listed when it was saved, now missing"))
+            elif path.is_file() and path.stat().st_size != size:
+                missing.append((name, f"{path.stat().st_size} bytes, {size} when it was saved"))
+        return missing
+    missing = []
+    if not any(any(checkpoint.glob(pattern)) for pattern in _WEIGHTS):
+        missing.append(("model.safetensors", "the weights"))
+    sharded = any(checkpoint.glob("global_step*")) or any(checkpoint.glob("pytorch_model_fsdp*"))
+    for pattern, why in _PIECES:
+        if pattern == "optimizer.pt" and (sharded or any(checkpoint.glob("optimizer_*"))):
+            continue  # DeepSpeed / FSDP keep the optimizer in their own files
+        if not any(checkpoint.glob(pattern)):
+            missing.append((pattern.replace("*", ""), why))
+    return missing
+
+
+def check_not_finished(checkpoint: str | os.PathLike, args, output_dir: str | None = None) -> None:
+    """Refuse resuming a run that has nothing left to train: its step is at or past ``max_steps`` (transformers would
+    still run a step past it and replace the final model), or, training by epochs, the run it belongs to had
+    finished its plan and its final model is in ``output_dir``."""
+    checkpoint = Path(checkpoint)
+    state = check_trainer_state(checkpoint / "trainer_state.json")
+    step = int(state["global_step"])
+    max_steps = int(getattr(args, "max_steps", -1) or -1)
+    if max_steps > 0 and step >= max_steps:
+        raise CheckpointError(
+            f"resume_from_checkpoint={str(checkpoint)!r} is at step {step} and max_steps={max_steps}: the run has "
+            "nothing left to train (resuming would train past max_steps and replace its final model); raise "
+            "max_steps to train it further."
+        )
+    saved_max = int(state.get("max_steps") or 0)
+    final = output_dir is not None and any((Path(output_dir) / name).is_file() for name in _FINAL_FILES)
+    if max_steps <= 0 and saved_max > 0 and step >= saved_max and final:
+        raise CheckpointError(
+            f"resume_from_checkpoint={str(checkpoint)!r} is the last step ({step}) of a finished run whose final "
+            f"model is in output_dir={output_dir!r}: resuming would replace it. Set max_steps above {step} to train "
+            "it further."
+        )
+
+
+_FINAL_FILES = ("model.safetensors", "adapter_model.safetensors")
 
 
 def check_torch_file(path: Path) -> None:
@@ -134,11 +232,20 @@ def latest_complete_checkpoint(output_dir: str | os.PathLike) -> tuple[Path | No
     return None, skipped
 
 
-def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
+def resolve_resume_checkpoint(value: Any, output_dir: str, args=None, allow_missing: bool = False) -> str | None:
     """The checkpoint ``train(resume_from_checkpoint=value)`` should load, checked, or None.
 
     ``True`` / ``"true"``: the newest complete checkpoint of ``output_dir``; ``False`` / ``None`` / ``"false"``:
-    none; a path: that checkpoint, after checking its files. For ``True`` it says on stderr which one it chose."""
+    none; a path: that checkpoint, after checking its files (:func:`check_checkpoint`; ``allow_missing``: a missing
+    piece of state warns instead). For ``True`` it says on stderr which one it chose. With the run's ``args``, a
+    finished run is refused (:func:`check_not_finished`)."""
+    checkpoint = _resolve_resume_checkpoint(value, output_dir, allow_missing)
+    if checkpoint is not None and args is not None:
+        check_not_finished(checkpoint, args, output_dir)
+    return checkpoint
+
+
+def _resolve_resume_checkpoint(value: Any, output_dir: str, allow_missing: bool) -> str | None:
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "none", ""):
         value = value.strip().lower() == "true"
     if value is None or value is False:
@@ -155,7 +262,7 @@ def resolve_resume_checkpoint(value: Any, output_dir: str) -> str | None:
         print(f"[sharpgrpo] resuming from {checkpoint} (the newest complete checkpoint)", file=sys.stderr)
         return str(checkpoint)
     checkpoint = Path(os.fspath(value))
-    check_checkpoint(checkpoint)
+    check_checkpoint(checkpoint, allow_missing=allow_missing)
     if checkpoint_folders(checkpoint.parent) and not (checkpoint / COMPLETE_MARKER).exists():
         warnings.warn(
             f"{checkpoint} has no {COMPLETE_MARKER} marker: it was saved by another tool or a run that stopped while "
@@ -231,8 +338,10 @@ def write_complete_marker(trainer, checkpoint: str) -> None:
     if trainer.is_world_process_zero():
         write_training_args(trainer.args, checkpoint)
         marker = os.path.join(checkpoint, COMPLETE_MARKER)
+        listing = "".join(f"file\t{p.name}\t{p.stat().st_size}\n" for p in sorted(Path(checkpoint).iterdir())
+                          if p.is_file() and p.name != COMPLETE_MARKER)  # fmt: skip
         with open(marker, "w", encoding="utf-8") as handle:
-            handle.write(f"step {trainer.state.global_step}\n")
+            handle.write(f"step {trainer.state.global_step}\n{listing}")
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -265,7 +374,11 @@ class LifecycleCallback(TrainerCallback):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[sig] = signal.signal(sig, self._handle)
         if state.is_world_process_zero:
+            from sharpgrpo.run.output_dir import TRAIN_COMMAND, folder_entries, read_output_marker, write_output_marker
+
             os.makedirs(args.output_dir, exist_ok=True)
+            if read_output_marker(args.output_dir) is None and not folder_entries(Path(args.output_dir)):
+                write_output_marker(args.output_dir, TRAIN_COMMAND)  # a run from Python: the folder is the run's
             write_training_args(args, args.output_dir)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -359,7 +472,7 @@ def save_last_good_state(trainer, weights_checked: bool = False, all_processes_h
 
 class TrainingStopped(RuntimeError):
     """Training ended with an error after :func:`save_last_good_state`; the message names both. ``everywhere``:
-    every process stopped on it together (`sharpgrpo.training.rank_agreement.ProcessFailure`)."""
+    every process stopped on it together (`sharpgrpo.training.generation.rank_agreement.ProcessFailure`)."""
 
     names_itself = True
     everywhere = False
