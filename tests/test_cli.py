@@ -61,3 +61,19 @@ def test_each_subcommand_names_itself_in_its_usage():
         result = run(command, "--help")
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: sharpgrpo {command} "), result.stdout.splitlines()[0]
+
+
+def test_train_without_config_says_so_and_help_lists_config():
+    """No `--config`: one line asking for one (not TRL's bf16/GPU error on a CPU); `--config` near the top of --help."""
+    bare = run("train")
+    assert bare.returncode == 1
+    line = bare.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: sharpgrpo train needs --config: a YAML file or a shipped config's name, e.g. "
+                           "`sharpgrpo train --config demo` (shipped: ")
+    assert "bf16" not in line
+    flags_only = run("train", "--max_steps", "1")
+    if flags_only.returncode != 0:  # TRL's defaults fail on a CPU: the line says no config was read
+        assert "(no --config was given, so TRL's defaults apply" in flags_only.stderr
+    usage = run("train", "--help").stdout
+    assert usage.startswith("usage: sharpgrpo train [-h] [--config CONFIG] ")
+    assert "The YAML config: a file, or a shipped config's name (cw_grpo_math_cpu, " in " ".join(usage.split())

@@ -249,14 +249,42 @@ def cli(args: list[str] | None = None) -> None:
 def parse_arguments(args: list[str]) -> tuple:
     """``(TaskArguments, SharpGRPOConfig, ModelConfig, *setting arguments)`` from a config and command-line flags,
     through train.py's parser (:class:`sharpgrpo.run.config_parser.ConfigParser`): the config checks itself here."""
+    import argparse
+
     from trl import ModelConfig
 
     from sharpgrpo import SharpGRPOConfig
-    from sharpgrpo.run.config_parser import ConfigParser
+    from sharpgrpo.run.config_file import CONFIG_FLAG, config_path_from_args, shipped_config_names
+    from sharpgrpo.run.config_parser import ConfigParser, train_command
     from sharpgrpo.settings import training_setting_arguments
+    from sharpgrpo.validation import ConfigError
 
-    parser = ConfigParser((TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()))
-    return tuple(parser.parse_args_and_config(list(args)))
+    parser = ConfigParser(
+        (TaskArguments, SharpGRPOConfig, ModelConfig, *training_setting_arguments()), prog=train_command(),
+        description="Train a policy with SharpGRPOTrainer from a YAML config; every field below is also a flag that "
+        "overrides the config's value.",
+    )  # fmt: skip
+    # Read by the parser before argparse sees the flags (sharpgrpo.run.config_parser); declared here for --help only
+    # (SUPPRESS: it never reaches the parsed dataclasses).
+    config = parser.add_argument(
+        CONFIG_FLAG, default=argparse.SUPPRESS, metavar="CONFIG",
+        help=f"The YAML config: a file, or a shipped config's name ({', '.join(shipped_config_names())}).",
+    )  # fmt: skip
+    for actions in (parser._actions, parser._optionals._group_actions):  # listed first, after -h, not 1,700 lines down
+        actions.remove(config)
+        actions.insert(1, config)
+    if config_path_from_args(list(args)) is not None or any(a in ("-h", "--help") for a in args):
+        return tuple(parser.parse_args_and_config(list(args)))
+    if not args:
+        raise ConfigError(f"{train_command()} needs {CONFIG_FLAG}: a YAML file or a shipped config's name, e.g. "
+                          f"`{train_command()} {CONFIG_FLAG} demo` (shipped: {', '.join(shipped_config_names())}); "
+                          f"see {train_command()} --help.")  # fmt: skip
+    try:  # flags only: allowed, but TRL's defaults (bf16 on a GPU, ...) then apply; say that no config was read
+        parsed = tuple(parser.parse_args_and_config(list(args)))
+    except (ConfigError, ValueError) as error:
+        raise ConfigError(f"{' '.join(str(error).split())} (no {CONFIG_FLAG} was given, so TRL's defaults apply; "
+                          f"`{CONFIG_FLAG} demo` starts from the CPU demo)") from None
+    return parsed
 
 
 if __name__ == "__main__":
