@@ -1,0 +1,254 @@
+"""Rollout correction: importance weights, rejection and mismatch diagnostics between the policy that sampled a batch
+(the rollout engine, e.g. vLLM: ``pi_rollout``) and the policy the trainer computes (``pi_train``).
+
+Released code reproduced here (read, not copied): verl's ``verl/trainer/ppo/rollout_corr_helper.py`` at commit
+b178a3cd56f58b2d502255daba591e92833930a7 (Apache-2.0), and the presets of ``RolloutCorrectionConfig`` in
+``verl/trainer/config/algorithm.py`` of the same commit. With ``r_t = pi_train(y_t) / pi_rollout(y_t)`` and
+``log r_t`` clamped to +-20 before any ``exp`` (``SAFETY_BOUND``, rollout_corr_helper.py line 74):
+
+* importance weights (``compute_rollout_correction_weights``, lines 481-605): token ``w_t = r_t``; sequence
+  ``w = prod_t r_t = exp(sum_t log r_t)``; geometric ``w = exp(mean_t log r_t)`` (the length-normalised ratio of
+  GSPO; verl reports it only as a rejection statistic, ``seq_mean_k1``, its "Geo-RS"). Then ``truncate`` (TIS:
+  ``min(w, C)``) or ``mask`` (MIS, Liu et al. 2025: ``w 1[w <= C]``), optionally divided by their batch mean;
+  0 on padding;
+* rejection (``compute_rollout_rejection_mask``, lines 162-351): per token ``k1 = -log r``, ``k2 = (log r)^2 / 2``,
+  ``k3 = r - 1 - log r``; a token (``token_k*``) or a whole sequence (its sum, mean or max: ``seq_sum_k*``,
+  ``seq_mean_k*``, ``seq_max_k{2,3}``) is rejected when the statistic leaves its bound: ``log(lower) <= k1 <=
+  log(upper)`` for K1, ``k <= upper`` for K2 and K3; several options must all pass;
+* diagnostics (``compute_offpolicy_metrics``, lines 822-931, and ``compute_is_metrics``, lines 608-712): mismatch
+  KL ``E[log pi_rollout - log pi_train]`` and its K3 form, both perplexities, their log difference and ratio,
+  chi-square at token level ``E[r_t^2] - 1`` and sequence level ``E[(prod_t r_t)^2] - 1``, and the effective sample
+  size ``1 / E[(w / E[w])^2]`` of the weights clamped to ``[1/C, C]``.
+
+Modes (verl's ``bypass_mode``): ``decoupled`` keeps three policies (``pi_rollout`` samples, ``pi_old`` is the
+trainer's recomputation, ``pi_theta`` is trained) and weights the PPO loss by ``w(pi_old / pi_rollout)``; ``bypass``
+takes ``pi_old = pi_rollout`` (no recomputation), so the PPO ratio itself is ``pi_theta / pi_rollout``.
+
+Masked means are ``sum(v m) / sum(m)`` (verl adds 1e-8 to the count, a relative 1e-8 difference on a non-empty mask).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SAFETY_BOUND = 20.0  # rollout_corr_helper.py line 74: |log r| clamped before exp
+IS_LEVELS = ("token", "sequence", "geometric")
+IS_HANDLING = ("truncate", "mask")
+TOKEN_RS_OPTIONS = ("token_k1", "token_k2", "token_k3")
+RS_OPTIONS = TOKEN_RS_OPTIONS + (
+    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+MODES = ("decoupled", "bypass")
+
+
+@dataclass(frozen=True)
+class CorrectionPreset:
+    """One of verl's ``RolloutCorrectionConfig`` presets (algorithm.py, commit b178a3c, lines 181-560)."""
+
+    rollout_is: str | None
+    is_threshold: float
+    rollout_rs: str | None
+    rs_threshold: str | None
+    mode: str
+
+
+# verl's presets by their factory-method name, with verl's default thresholds.
+PRESETS: dict[str, CorrectionPreset] = {
+    "decoupled_token_is": CorrectionPreset("token", 2.0, None, None, "decoupled"),
+    "decoupled_seq_is": CorrectionPreset("sequence", 2.0, None, None, "decoupled"),
+    "decoupled_seq_is_rs": CorrectionPreset("sequence", 2.0, "seq_sum_k1", "0.5_2.0", "decoupled"),
+    "decoupled_geo_rs": CorrectionPreset(None, 2.0, "seq_mean_k1", "0.999_1.001", "decoupled"),
+    "decoupled_geo_rs_seq_tis": CorrectionPreset("sequence", 2.0, "seq_mean_k1", "0.999_1.001", "decoupled"),
+    "decoupled_geo_rs_token_tis": CorrectionPreset("token", 2.0, "seq_mean_k1", "0.999_1.001", "decoupled"),
+    "decoupled_k3_rs": CorrectionPreset(None, 2.0, "seq_mean_k3", "0.01", "decoupled"),
+    "decoupled_k3_rs_seq_tis": CorrectionPreset("sequence", 2.0, "seq_mean_k3", "0.01", "decoupled"),
+    "decoupled_k3_rs_token_tis": CorrectionPreset("token", 2.0, "seq_mean_k3", "0.01", "decoupled"),
+    "bypass_ppo_clip": CorrectionPreset(None, 2.0, None, None, "bypass"),
+    "bypass_ppo_clip_geo_rs": CorrectionPreset(None, 2.0, "seq_mean_k1", "0.999_1.001", "bypass"),
+    "bypass_ppo_clip_k3_rs": CorrectionPreset(None, 2.0, "seq_mean_k3", "0.01", "bypass"),
+}
+
+
+def _masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    values = torch.where(mask.bool(), values, torch.zeros_like(values))  # NaN on padding never leaks in
+    return values.sum() if dim is None else values.sum(dim=dim)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    count = mask.to(values.dtype).sum() if dim is None else mask.to(values.dtype).sum(dim=dim)
+    return _masked_sum(values, mask, dim) / count.clamp_min(1.0)
+
+
+def log_ratio(train_logps: torch.Tensor, rollout_logps: torch.Tensor) -> torch.Tensor:
+    """``log r = log pi_train - log pi_rollout`` per token (rollout_corr_helper.py line 778). (B, T) -> (B, T)."""
+    return train_logps - rollout_logps
+
+
+def divergence_estimators(log_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token K1, K2, K3 of ``log r`` clamped to +-SAFETY_BOUND (rollout_corr_helper.py lines 226-229):
+    ``k1 = -log r``, ``k2 = (log r)^2 / 2``, ``k3 = exp(log r) - 1 - log r``."""
+    safe = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return -safe, 0.5 * safe.square(), torch.exp(safe) - 1.0 - safe
+
+
+def raw_importance_weights(log_r: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """Untruncated weights, 0 on padding: token ``r_t``; sequence ``exp(sum_t log r_t)``; geometric
+    ``exp(mean_t log r_t)``, each exponent clamped to +-SAFETY_BOUND (rollout_corr_helper.py lines 534-550).
+    (B, T) -> (B, T)."""
+    if level == "token":
+        exponent = log_r
+    elif level == "sequence":
+        exponent = _masked_sum(log_r, mask, dim=-1).unsqueeze(-1).expand_as(log_r)
+    elif level == "geometric":
+        exponent = _masked_mean(log_r, mask, dim=-1).unsqueeze(-1).expand_as(log_r)
+    else:
+        raise ValueError(f"rollout_is={level!r}: must be one of {', '.join(IS_LEVELS)}.")
+    return torch.exp(exponent.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask.to(log_r.dtype)
+
+
+def importance_weights(
+    log_r: torch.Tensor, mask: torch.Tensor, level: str, threshold: float, handling: str = "truncate",
+    batch_normalize: bool = False,
+) -> torch.Tensor:
+    """Detached rollout-correction weights (B, T), 0 on padding: :func:`raw_importance_weights`, then ``truncate``
+    (``min(w, C)``, verl's TIS, rollout_corr_helper.py line 566) or ``mask`` (``w 1[w <= C]``, MIS), then, with
+    ``batch_normalize``, divided by their mean over the batch's tokens (token level) or sequences (sequence and
+    geometric levels) when that mean exceeds 1e-8 (lines 575-603)."""
+    if not threshold > 0:
+        raise ValueError(f"rollout_is_threshold={threshold}: must be > 0.")
+    weights = raw_importance_weights(log_r.detach(), mask, level)
+    if handling == "truncate":
+        weights = weights.clamp(max=threshold)
+    elif handling == "mask":
+        weights = weights * (weights <= threshold).to(weights.dtype)
+    else:
+        raise ValueError(f"rollout_is_handling={handling!r}: must be one of {', '.join(IS_HANDLING)}.")
+    if batch_normalize:
+        if level == "token":
+            mean = _masked_mean(weights, mask)
+        else:
+            valid = (mask.sum(dim=-1) > 0).to(weights.dtype)
+            mean = (_masked_mean(weights, mask, dim=-1) * valid).sum() / valid.sum().clamp_min(1e-8)
+        weights = torch.where(mean > 1e-8, weights / mean, weights)
+    return weights
+
+
+def parse_rejection_thresholds(options: list[str], spec: str | float) -> dict[str, tuple[float | None, float]]:
+    """Per option, ``(lower, upper)``: K1 options take ``"lower_upper"`` ratio bounds (one number: the upper, its
+    reciprocal the lower); K2/K3 options one upper bound. One spec is shared by every option, or one per option,
+    comma separated (rollout_corr_helper.py lines 92-158)."""
+    specs = [str(spec)] if isinstance(spec, (int, float)) else [part.strip() for part in str(spec).split(",")]
+    specs = [part for part in specs if part]
+    if len(specs) not in (1, len(options)):
+        raise ValueError(f"rollout_rs_threshold={spec!r}: give one threshold or one per rollout_rs option "
+                         f"({len(options)}).")
+    specs = specs * len(options) if len(specs) == 1 else specs
+    bounds: dict[str, tuple[float | None, float]] = {}
+    for option, text in zip(options, specs, strict=True):
+        try:
+            if option.endswith("k1"):
+                lower_text, upper_text = text.split("_", 1) if "_" in text else (None, text)
+                upper = float(upper_text)
+                lower = 1.0 / upper if lower_text is None else float(lower_text)
+            else:
+                if "_" in text:
+                    raise ValueError
+                lower, upper = None, float(text)
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"rollout_rs_threshold={spec!r}: {text!r} is not a valid bound for {option} (K1: "
+                             "'lower_upper' ratio bounds; K2/K3: one positive upper bound).") from None
+        if upper <= 0 or (lower is not None and lower <= 0):
+            raise ValueError(f"rollout_rs_threshold={spec!r}: the bounds of {option} must be > 0.")
+        bounds[option] = (lower, upper)
+    return bounds
+
+
+def parse_rejection_options(rollout_rs: str) -> list[str]:
+    """The comma-separated options, duplicates dropped in order, each one of :data:`RS_OPTIONS`."""
+    options = list(dict.fromkeys(part.strip() for part in rollout_rs.split(",") if part.strip()))
+    unknown = [option for option in options if option not in RS_OPTIONS]
+    if not options or unknown:
+        raise ValueError(f"rollout_rs={rollout_rs!r}: options must be among {', '.join(RS_OPTIONS)}.")
+    return options
+
+
+def rejection_statistic(log_r: torch.Tensor, mask: torch.Tensor, option: str) -> torch.Tensor:
+    """The statistic ``option`` bounds: per token (B, T) for ``token_k*``, per sequence (B,) otherwise (its sum, mean
+    or max over the sequence's tokens; the max of an empty sequence is 0)."""
+    k1, k2, k3 = divergence_estimators(log_r)
+    per_token = {"k1": k1, "k2": k2, "k3": k3}[option[-2:]]
+    if option in TOKEN_RS_OPTIONS:
+        return per_token
+    if option.startswith("seq_sum"):
+        return _masked_sum(per_token, mask, dim=-1)
+    if option.startswith("seq_mean"):
+        return _masked_mean(per_token, mask, dim=-1)
+    peak = per_token.masked_fill(~mask.bool(), -math.inf).max(dim=-1).values
+    return torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+
+
+def rejection_mask(log_r: torch.Tensor, mask: torch.Tensor, rollout_rs: str, threshold: str | float) -> torch.Tensor:
+    """(B, T) {0, 1}: 1 where the token and its sequence pass every option of ``rollout_rs`` (and are not padding).
+    K1 statistics must lie in ``[log lower, log upper]``; K2/K3 statistics at most ``upper``."""
+    options = parse_rejection_options(rollout_rs)
+    bounds = parse_rejection_thresholds(options, threshold)
+    keep = mask.bool().clone()
+    for option in options:
+        lower, upper = bounds[option]
+        statistic = rejection_statistic(log_r.detach(), mask, option)
+        if lower is not None:
+            passed = (statistic >= math.log(lower)) & (statistic <= math.log(upper))
+        else:
+            passed = statistic <= upper
+        keep &= passed if passed.dim() == 2 else passed.unsqueeze(-1)
+    return keep.to(log_r.dtype)
+
+
+def mismatch_diagnostics(train_logps: torch.Tensor, rollout_logps: torch.Tensor, mask: torch.Tensor
+                         ) -> dict[str, torch.Tensor]:
+    """verl's off-policy diagnostics (rollout_corr_helper.py lines 822-931), 0-d tensors: ``kl`` =
+    E[log pi_rollout - log pi_train] (KL(pi_rollout || pi_train)), ``k3_kl`` = E[r - log r - 1], ``training_ppl`` /
+    ``rollout_ppl`` = batch mean of exp(-mean_t log p), their ``*_log_ppl``, ``log_ppl_diff`` (mean, abs mean, max,
+    min of the per-sequence rollout minus train mean log-probability), ``ppl_ratio`` = mean exp(log_ppl_diff),
+    ``chi2_token`` = E_t[r_t^2] - 1 and ``chi2_seq`` = E_seq[exp(2 sum_t log r_t)] - 1 (log r clamped to +-20).
+    Sequence means run over every row, as verl's do (a row without tokens counts as log-probability 0)."""
+    log_r = log_ratio(train_logps, rollout_logps)
+    train_mean = _masked_mean(train_logps, mask, dim=-1)
+    rollout_mean = _masked_mean(rollout_logps, mask, dim=-1)
+    log_ppl_diff = rollout_mean - train_mean
+    safe = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    sequence_sum = _masked_sum(log_r, mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return {
+        "training_ppl": torch.exp(-train_mean).mean(),
+        "training_log_ppl": (-train_mean).mean(),
+        "kl": _masked_mean(-log_r, mask),
+        "k3_kl": _masked_mean(torch.exp(log_r) - log_r - 1, mask),
+        "rollout_ppl": torch.exp(-rollout_mean).mean(),
+        "rollout_log_ppl": (-rollout_mean).mean(),
+        "log_ppl_diff": log_ppl_diff.mean(),
+        "log_ppl_abs_diff": log_ppl_diff.abs().mean(),
+        "log_ppl_diff_max": log_ppl_diff.max(),
+        "log_ppl_diff_min": log_ppl_diff.min(),
+        "ppl_ratio": torch.exp(log_ppl_diff).mean(),
+        "chi2_token": _masked_mean(torch.exp(safe).square(), mask) - 1.0,
+        "chi2_seq": torch.exp(2.0 * sequence_sum).mean() - 1.0,
+    }
+
+
+def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """verl's ESS of the weights (rollout_corr_helper.py lines 686-693): with ``v = clamp(w, 1/C, C)`` and
+    ``u = v / (E[v] + 1e-8)``, ``1 / E[u^2]`` over the batch's tokens; 1 when all weights are equal, 1/n for one
+    weight of n."""
+    clamped = weights.clamp(min=1.0 / threshold, max=threshold)
+    normalised = clamped / (_masked_mean(clamped, mask) + 1e-8)
+    return 1.0 / _masked_mean(normalised.square(), mask)
+
+
+def rejected_fractions(keep: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fraction of tokens rejected, fraction of sequences with a rejected token), verl's
+    ``rollout_rs_masked_fraction`` and ``rollout_rs_seq_masked_fraction`` (rollout_corr_helper.py lines 343-347)."""
+    rejected = mask.bool() & ~keep.bool()
+    return _masked_mean(rejected.to(keep.dtype), mask), rejected.any(dim=-1).to(keep.dtype).mean()
