@@ -178,18 +178,38 @@ def thr_part(mode: dict, device_name: str) -> dict:
             "--G", str(cfg["G"]), "--vocab", str(cfg["vocab"]), "--hidden", str(cfg["hidden"]),
             "--chunk-size", str(cfg["chunk_size"]), "--repeats", str(cfg["repeats"]), "--methods", "fused",
             "--rate-size", str(cfg["rate_size"]), "--lengths", *map(str, cfg["lengths"])]
-    result = {"paths": {}, "reference_rel_err": {}, "agreement_with_torch": {}}
+    result = {"paths": {}, "reference_rel_err": {}, "agreement_with_torch": {}, "errors": {}}
+
+    def attempt(what, fn):
+        """fn(), or None with the error recorded: one path that does not build must not cost the others' figures."""
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            result["errors"][what] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            emit(f"{what} FAILED: {result['errors'][what]}")
+            return None
+
+    def with_path(path, fn):
+        saved = thr_kernels.DEFAULT_KERNEL  # thr_bench.main sets the module's default path
+        thr_kernels.DEFAULT_KERNEL = path
+        try:
+            return fn()
+        finally:
+            thr_kernels.DEFAULT_KERNEL = saved
+
     for path in paths:
         command = ["python", "benchmarks/thr_bench.py", *base, "--fused-kernel", path]
         emit(f"\n$ {' '.join(command)}")
-        saved = thr_kernels.DEFAULT_KERNEL  # thr_bench.main sets the module's default path
-        try:
-            bench = thr_bench.main([*base, "--fused-kernel", path])
-        finally:
-            thr_kernels.DEFAULT_KERNEL = saved
-        result["paths"][path] = {"command": " ".join(command), "rate": bench["rate"], "rows": bench["rows"]}
+        bench = attempt(f"thr_bench {path}", lambda p=path: with_path(p, lambda: thr_bench.main([*base,
+                                                                                                "--fused-kernel", p])))
+        if bench is not None:
+            result["paths"][path] = {"command": " ".join(command), "rate": bench["rate"], "rows": bench["rows"]}
         if path != "torch":
-            result["reference_rel_err"][path] = thr_triton_tune.reference_error(device, path, cfg["reference_seeds"])
+            error = attempt(f"reference {path}", lambda p=path: thr_triton_tune.reference_error(
+                device, p, cfg["reference_seeds"]))
+            if error is not None:
+                result["reference_rel_err"][path] = error
 
     # the paths' agreement on one bf16 group of the first length (relative to the largest score)
     gen = torch.Generator().manual_seed(0)
@@ -201,17 +221,16 @@ def thr_part(mode: dict, device_name: str) -> dict:
     positive = (torch.arange(cfg["G"]) < cfg["G"] // 2).to(device)
     scores = {}
     for path in paths:
-        saved, thr_kernels.DEFAULT_KERNEL = thr_kernels.DEFAULT_KERNEL, path
-        try:
-            scores[path] = token_hidden_reward_scores(hidden, ids, mask, positive, weight, None, 1.0, "full",
-                                                      cfg["chunk_size"], method="fused",
-                                                      matmul_dtype=torch.bfloat16 if bf16 else None).scores
-        finally:
-            thr_kernels.DEFAULT_KERNEL = saved
-    reference = scores["torch"]
+        score = attempt(f"agreement {path}", lambda p=path: with_path(p, lambda: token_hidden_reward_scores(
+            hidden, ids, mask, positive, weight, None, 1.0, "full", cfg["chunk_size"], method="fused",
+            matmul_dtype=torch.bfloat16 if bf16 else None).scores))
+        if score is not None:
+            scores[path] = score
     for path in paths[1:]:
-        result["agreement_with_torch"][path] = float((scores[path] - reference).abs().max()
-                                                     / reference.abs().max().clamp(min=1e-30))
+        if path in scores and "torch" in scores:
+            reference = scores["torch"]
+            result["agreement_with_torch"][path] = float((scores[path] - reference).abs().max()
+                                                         / reference.abs().max().clamp(min=1e-30))
 
     auto = thr_kernels.resolve_kernel("auto", device)
     result["auto_path"] = auto
@@ -231,16 +250,19 @@ def thr_part(mode: dict, device_name: str) -> dict:
     shape = f"G={cfg['G']}, L={last}, V={cfg['vocab']}, H={cfg['hidden']}, {'bf16' if bf16 else mode['dtype']}"
     result["headlines"] = {}
     for path in [auto, *[p for p in paths if p != auto]]:
+        if path not in result["paths"]:
+            continue
         row = next(r for r in result["paths"][path]["rows"] if r["L"] == last)
         line = (f"THR score ({shape}) on {device_name}: {row['thr_s']:.3g} s (floor {row['method_floor_s']:.3g} s)"
                 + ("" if path == auto else f" [kernel path {path}]"))
         result["headlines"][path] = line
-    emit(f"\n{result['headlines'][auto]}")
-    emit(f"  (kernel path {auto}, the one `auto` takes; command: {result['paths'][auto]['command']})")
+    if auto in result["headlines"]:
+        emit(f"\n{result['headlines'][auto]}")
+        emit(f"  (kernel path {auto}, the one `auto` takes; command: {result['paths'][auto]['command']})")
     for path, line in result["headlines"].items():
         if path != auto:
             emit(line)
-    return result
+    return result  # with errors (a path that failed), main() reports the part as failed; the other figures stand
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -527,6 +549,8 @@ def main(argv=None) -> int:
         emit(f"\n==== {part} ({time.perf_counter() - started:.0f} s) ====")
         try:
             results[part] = fn()
+            if results[part].get("errors"):
+                results["errors"][part] = results[part]["errors"]
         except Exception as error:  # noqa: BLE001 - the other parts' figures still come out
             traceback.print_exc()
             results["errors"][part] = f"{type(error).__name__}: {error}"

@@ -106,3 +106,25 @@ def test_telemetry_check_flags_nan_and_infinities(tmp_path):
     pq.write_table(table, tmp_path / "telemetry_000001.parquet")
     problems = suite.telemetry_problems([tmp_path / "telemetry_000001.parquet"])
     assert problems == ["telemetry_000001.parquet:ratio", "telemetry_000001.parquet:weight"]
+
+
+def test_a_failing_kernel_path_leaves_the_other_figures(monkeypatch):
+    """One Triton path that does not build (here: the second kernel raises) is recorded as an error of the THR part;
+    the other paths are still timed and checked, and the headline of the path `auto` takes still comes out."""
+    for path in (ROOT, ROOT / "benchmarks", ROOT / "tests" / "strategies"):
+        monkeypatch.syspath_prepend(str(path))
+    from sharpgrpo.strategies import thr_kernels
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(thr_kernels, "triton_error_tile", broken)
+    suite = load_suite()
+    mode = {**suite.MODES["dry"], "thr": {**suite.MODES["dry"]["thr"], "lengths": [4, 8]}}
+    result = suite.thr_part(mode, "cpu")
+    assert set(result["paths"]) == {"torch", "triton-tokens"}  # triton failed, the others were timed
+    assert set(result["errors"]) == {"thr_bench triton", "reference triton", "agreement triton"}
+    assert "out of resources" in result["errors"]["thr_bench triton"]
+    assert result["reference_rel_err"]["triton-tokens"] < 1e-5
+    assert set(result["agreement_with_torch"]) == {"triton-tokens"}
+    assert result["headlines"]["torch"].startswith("THR score (G=4, L=8, V=256, H=32, float32) on cpu: ")
