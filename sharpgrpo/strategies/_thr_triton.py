@@ -76,6 +76,24 @@ def online_tile_kernel(h_ptr, w_ptr, s_ptr, bias_ptr, ids_ptr, out_ptr, n_rows, 
 
 
 @triton.jit
+def _rows_times_columns(a_ptr, b_ptr, rows, cols, row_ok, col_ok, hidden, stride_a, stride_b, IEEE: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(BM, BN) fp32 block of ``A B^T`` (rows of A (., H) against rows of B (., H)), accumulated over H in steps
+    of BLOCK_K; masked rows and columns give 0."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < hidden
+        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptr + cols[:, None] * stride_b + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:
+            acc += tl.dot(a, tl.trans(b.to(a.dtype)), input_precision="ieee")
+        else:
+            acc += tl.dot(a, tl.trans(b.to(a.dtype)))
+    return acc
+
+
+@triton.jit
 def error_tile_kernel(h_ptr, w_ptr, bias_ptr, ids_ptr, lse_ptr, omq_ptr, d_ptr, n_rows, n_cols, hidden, inv_t,
                       stride_h, stride_w, stride_d, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -89,16 +107,8 @@ def error_tile_kernel(h_ptr, w_ptr, bias_ptr, ids_ptr, lse_ptr, omq_ptr, d_ptr, 
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
     col_ok = cols < n_cols
-    z = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < hidden
-        h = tl.load(h_ptr + rows[:, None] * stride_h + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if IEEE:
-            z += tl.dot(h, tl.trans(w), input_precision="ieee")
-        else:
-            z += tl.dot(h, tl.trans(w))
+    z = _rows_times_columns(h_ptr, w_ptr, rows, cols, row_ok, col_ok, hidden, stride_h, stride_w, IEEE, BLOCK_M,
+                            BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         z += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
@@ -129,18 +139,8 @@ def error_u_kernel(h_ptr, s_ptr, d_ptr, ids_ptr, out_ptr, n_rows, n_cols, hidden
     for c0 in range(col_start, col_stop, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         col_ok = cols < col_stop
-        u = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < hidden
-            h = tl.load(h_ptr + rows[:, None] * stride_h + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            s = tl.load(s_ptr + cols[:, None] * stride_s + ks[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            if IEEE:
-                u += tl.dot(h, tl.trans(s), input_precision="ieee")
-            else:
-                u += tl.dot(h, tl.trans(s))
+        u = _rows_times_columns(h_ptr, s_ptr, rows, cols, row_ok, col_ok, hidden, stride_h, stride_s, IEEE,
+                                BLOCK_M, BLOCK_N, BLOCK_K)
         d = tl.load(d_ptr + rows[:, None] * stride_d + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
                     other=0.0).to(tl.float32)
         is_own = cols[None, :] == ids[:, None]

@@ -276,9 +276,9 @@ def _fused_sums_two_kernels(h, weight, bias, temperature, ids, seq_lengths, seq_
     seq_sums = torch.zeros(len(seq_lengths), device=device)
     numer_pos = torch.zeros(num_pos, device=device)  # sum_{v != y} q_v u_v of the P rows
     own_u_pos = torch.zeros(num_pos, device=device)
-    running_max = torch.full((num_other,), -math.inf, device=device)  # the other rows' online softmax
-    other_mass, own_mass, numerator, own_u = (torch.zeros(num_other, device=device) for _ in range(4))
-    weighted_logit = torch.zeros(num_other, device=device)
+    # the other rows' online statistics (triton_tile_statistics' six, relative to the running max), merged per tile
+    state = torch.zeros(6, num_other, device=device)
+    state[0] = -math.inf
     for start in range(0, vocab_size, width):
         stop = min(start + width, vocab_size)
         bias_tile = None if bias is None else bias[start:stop]
@@ -293,14 +293,8 @@ def _fused_sums_two_kernels(h, weight, bias, temperature, ids, seq_lengths, seq_
         own_u_pos += pos_stats[1]
         if num_other:
             tile = triton_tile_statistics(h_other, weight[start:stop], s_w, bias_tile, ids_other - start, temperature)
-            new_max = torch.maximum(running_max, tile[0])
-            old_scale, tile_scale = torch.exp(running_max - new_max), torch.exp(tile[0] - new_max)
-            other_mass = other_mass * old_scale + tile[1] * tile_scale
-            own_mass = own_mass * old_scale + tile[2] * tile_scale
-            numerator = numerator * old_scale + tile[3] * tile_scale
-            own_u += tile[4]
-            weighted_logit = weighted_logit * old_scale + tile[5] * tile_scale
-            running_max = new_max
+            state = merge_statistics(torch.stack([state, tile]))
+    running_max, other_mass, own_mass, numerator, own_u, weighted_logit = state
     total = other_mass + own_mass
     weighted = torch.cat([own_u_pos * one_minus_q_pos - numer_pos, own_u * (other_mass / total) - numerator / total])
     entropy = None
