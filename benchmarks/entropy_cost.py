@@ -95,8 +95,8 @@ def generation_phase(rounds: int, warmup: int, batch_size: int, length: int, clo
 
 
 def head_cost(vocab: int, hidden: int, rows: int, length: int, repeats: int) -> dict:
-    from sharpgrpo.training.entropy_inputs import entropies_from_hidden_states
-    from sharpgrpo.training.generation_capture import logps_from_hidden_states
+    from sharpgrpo.training.generation.entropy_inputs import entropies_from_hidden_states
+    from sharpgrpo.training.generation.capture import logps_from_hidden_states
 
     g = torch.Generator().manual_seed(0)
     states = torch.randn(rows, length, hidden, generator=g)

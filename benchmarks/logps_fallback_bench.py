@@ -2,7 +2,7 @@
 
 Compares, for B rows of L tokens, vocabulary V and hidden size H (fp32, no grad):
 
-* ``sharpgrpo``: ``sharpgrpo.training.generation_capture.logps_from_hidden_states`` (vocabulary slices with an online
+* ``sharpgrpo``: ``sharpgrpo.training.generation.capture.logps_from_hidden_states`` (vocabulary slices with an online
   log-normaliser, at most ``chunk_size x V`` logits alive; default chunk_size 512);
 * ``trl``: TRL 1.16's own fused head kernel, ``trl.kernels.chunked_logprob.ChunkedLogProbFunction`` (what
   ``GRPOTrainer._get_per_token_logps_and_entropies`` runs through ``fused_lm_head=True``), with TRL's vocabulary
@@ -43,7 +43,7 @@ def run_one(method: str, rows: int, length: int, vocab: int, hidden_size: int, c
     start = time.process_time()
     with torch.no_grad():
         if method == "sharpgrpo":
-            from sharpgrpo.training.generation_capture import logps_from_hidden_states
+            from sharpgrpo.training.generation.capture import logps_from_hidden_states
 
             out = logps_from_hidden_states(hidden, ids, weight, None, 1.0, rows_per_chunk=8, chunk_size=chunk_size)
         else:

@@ -16,14 +16,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sharpgrpo.data.demo import demo_dataset
 from sharpgrpo.strategies.base import TokenWeightStrategy
-from sharpgrpo.training import entropy_inputs, policy_inputs
-from sharpgrpo.training.entropy_inputs import (
+from sharpgrpo.training.generation import entropy_inputs, policy_inputs
+from sharpgrpo.training.generation.entropy_inputs import (
     entropies_from_hidden_states,
     entropy_from_step_logits,
     refuse_unavailable_sampling_entropy,
     strategy_loss_weights,
 )
-from sharpgrpo.training.generation_capture import GenerationCapture
+from sharpgrpo.training.generation.capture import GenerationCapture
 
 
 def loop_entropy(logits_row: list[float]) -> float:

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sharpgrpo.data.demo import demo_dataset
 from sharpgrpo.strategies.probability_shaping import ar_token_advantages
-from sharpgrpo.training import policy_inputs
-from sharpgrpo.training.generation_capture import GenerationCapture, fit_width, logps_from_hidden_states
+from sharpgrpo.training.generation import policy_inputs
+from sharpgrpo.training.generation.capture import GenerationCapture, fit_width, logps_from_hidden_states
 
 LOGP_ATOL = 2e-5
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from sharpgrpo.training.generation_capture import logps_from_hidden_states
+from sharpgrpo.training.generation.capture import logps_from_hidden_states
 
 
 def reference(hidden, ids, weight, bias, temperature):

@@ -1,4 +1,4 @@
-"""`sharpgrpo.training.losses.policy_surrogate` against float64 loops over tokens, with a token weight in either place.
+"""`sharpgrpo.training.loss.surrogates.policy_surrogate` against float64 loops over tokens, with a token weight in either place.
 
 The loop reference writes each loss type's per-token term from its paper (TRL 1.16's definitions) for a scalar
 ratio r, advantage A and weight w: `ratio` placement evaluates the term at w*r, `loss` placement multiplies it by w.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sharpgrpo.strategies.loss_types import LOSS_TYPES, RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.training.losses import policy_surrogate
+from sharpgrpo.training.loss.surrogates import policy_surrogate
 
 B, T = 4, 5
 EPS_LOW, EPS_HIGH, DELTA, TAU_POS, TAU_NEG = 0.2, 0.28, 1.5, 1.0, 1.05

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from sharpgrpo.training.losses import aggregate_loss, token_loss_shares
-from sharpgrpo.training.telemetry import _global_order, clip_flags, sequence_means
+from sharpgrpo.training.loss.aggregation import aggregate_loss, token_loss_shares
+from sharpgrpo.training.telemetry.recorder import _global_order, clip_flags, sequence_means
 
 
 def random_batch(seed: int, rows: int = 6, length: int = 9):
@@ -84,12 +84,12 @@ def test_sequence_means_over_the_mask():
     assert torch.equal(sequence_means(values[:, :1], mask), values[:, 0])
 
 
-def test_global_order_sorts_rows_and_keeps_the_last_capture():
+def test_global_order_sorts_rows_by_row_then_position():
     columns = {
-        "row": np.array([3, 1, 1, 3, 1]),
-        "position": np.array([0, 1, 0, 0, 0]),
-        "value": np.array([10.0, 20.0, 30.0, 40.0, 50.0]),  # (3, 0) and (1, 0) captured twice: the later wins
+        "row": np.array([3, 1, 1, 0, 3]),
+        "position": np.array([1, 1, 0, 2, 0]),
+        "value": np.array([10.0, 20.0, 30.0, 40.0, 50.0]),
     }
     ordered = _global_order(columns)
-    assert ordered["row"].tolist() == [1, 1, 3] and ordered["position"].tolist() == [0, 1, 0]
-    assert ordered["value"].tolist() == [50.0, 20.0, 40.0]
+    assert ordered["row"].tolist() == [0, 1, 1, 3, 3] and ordered["position"].tolist() == [2, 0, 1, 0, 1]
+    assert ordered["value"].tolist() == [40.0, 30.0, 20.0, 50.0, 10.0]

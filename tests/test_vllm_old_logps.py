@@ -27,7 +27,7 @@ import torch
 from helpers import binary_letters_reward, cpu_config, make_trainer
 
 from sharpgrpo.data.demo import demo_dataset
-from sharpgrpo.training.policy_inputs import old_logps_source, sampling_truncation, vllm_logps_problem
+from sharpgrpo.training.generation.policy_inputs import old_logps_source, sampling_truncation, vllm_logps_problem
 
 
 class VLLMStandIn:

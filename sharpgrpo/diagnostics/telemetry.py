@@ -1,4 +1,4 @@
-"""Reading per-token telemetry files (`sharpgrpo.training.telemetry`) and the token page built on them.
+"""Reading per-token telemetry files (`sharpgrpo.training.telemetry.recorder`) and the token page built on them.
 
 No model and no forward: every value on the page is a column the trainer wrote from inside its loss, so the page
 shows what was trained on, for every strategy, a user-registered one included. ``sharpgrpo tokens --telemetry``
@@ -32,7 +32,7 @@ from sharpgrpo.diagnostics.token_page import (
     shade,
     write_page,
 )
-from sharpgrpo.training.telemetry import METADATA_KEY, REQUIRED, SCHEMA_VERSION
+from sharpgrpo.training.telemetry.recorder import METADATA_KEY, REQUIRED, SCHEMA_VERSION
 
 FILTERS = {
     "clipped": "a clip bound is active (clip_low or clip_high)",

@@ -1,4 +1,5 @@
-"""Token-level strategies, registered by name (see ``base`` for the kinds: weight, advantage, loss)."""
+"""Token-level strategies, registered by name (see ``base`` for the kinds: weight, advantage, loss). Every public
+module of the package is imported here, which registers its strategies."""
 
 from sharpgrpo.strategies.base import (
     STRATEGIES,
@@ -14,11 +15,21 @@ from sharpgrpo.strategies.base import (
     register_strategy,
 )
 
-# Importing the modules registers their strategies.
-from sharpgrpo.strategies import covariance, passk, probability_shaping, thr  # noqa: E402,F401  isort: skip
-from sharpgrpo.strategies import entropy_covariance, geometric_mean, trust_region  # noqa: E402,F401  isort: skip
-from sharpgrpo.strategies import archer, entropy_credit, ktae  # noqa: E402,F401  isort: skip
-from sharpgrpo.strategies import baselines  # noqa: E402,F401  isort: skip
+
+
+def _import_strategy_modules() -> None:
+    """Import every public module of this package: importing a module registers its strategies, so a new method is
+    its module alone (no list of imports to keep). Private modules (``_name``: kernels, optional backends) are
+    imported by the modules that use them."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_strategy_modules()
 
 __all__ = [
     "STRATEGIES", "AdvantageStrategy", "GenerationBatch", "LossContext", "LossTerms", "Strategy", "StrategyPaper",

@@ -13,7 +13,7 @@ Per response, the tokens whose entropy (of the policy being trained, detached) e
   the N tokens of the micro-batch.
 
 A loss-side strategy (``TokenLossStrategy``): ``loss_terms`` returns the per-token ``epsilon_low``,
-``epsilon_high`` and ``kl_weight`` of ``LossTerms``; the loss applies them (``sharpgrpo.training.losses``).
+``epsilon_high`` and ``kl_weight`` of ``LossTerms``; the loss applies them (``sharpgrpo.training.loss.surrogates``).
 """
 
 from __future__ import annotations

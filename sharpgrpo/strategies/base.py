@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -69,7 +70,10 @@ class GenerationBatch:
         entropies: (B, T) float32 or None; the per-token entropy H[i, t] = -sum_v p(v) log p(v) of the sampling
             policy's temperature-scaled next-token distribution at each completion position (any value on padding).
             Filled only when a strategy sets ``needs_entropies``, from the pass that already serves the old
-            log-probabilities and hidden states (``sharpgrpo.training.entropy_inputs``).
+            log-probabilities and hidden states (``sharpgrpo.training.generation.entropy_inputs``).
+        extras: name -> (B, T) tensor, the extra per-token inputs the strategies name in ``needs_inputs`` (e.g. a
+            teacher's log-probabilities), each supplied at generation by a registered generation input
+            (``sharpgrpo.training.generation.inputs``); empty when none is needed.
     """
 
     old_logps: torch.Tensor | None
@@ -85,6 +89,7 @@ class GenerationBatch:
     temperature: float = 1.0
     correct: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
+    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
@@ -197,6 +202,9 @@ class AdvantageStrategy(Strategy):
     needs_old_logps: ClassVar[bool] = True  # fill GenerationBatch.old_logps (an extra forward when TRL skipped it)
     needs_correctness: ClassVar[bool] = False  # fill GenerationBatch.correct (runs the answer checks)
     needs_entropies: ClassVar[bool] = False  # fill GenerationBatch.entropies (the sampling policy's entropy)
+    # Extra per-token inputs, by the name of the generation input that supplies them (GenerationBatch.extras;
+    # providers: sharpgrpo.training.generation.inputs).
+    needs_inputs: ClassVar[tuple[str, ...]] = ()
     # A strategy whose output is a per-token factor of the sampling probabilities alone (AR) may be applied inside the
     # loss instead, from the loss's own detached log-probabilities, when training is on-policy (they equal p_old) and
     # it is last in the list: the factor f > 0 commutes with min/clip, so the loss is exactly equal and no
@@ -225,14 +233,17 @@ class LossContext:
 
     Attributes:
         logps: (B, T) log-probabilities of the sampled tokens under the policy being trained, with their graph.
-        old_logps: (B, T) detached log-probabilities under the policy that sampled them (the loss's own detached
-            ``logps`` on-policy).
+        old_logps: (B, T) detached log-probabilities under the policy in the ratio's denominator: TRL's
+            ``old_per_token_logps`` (recomputed by the training engine), the loss's own detached ``logps`` on-policy.
         advantages: (B, 1) or (B, T) the advantages the loss uses (after the advantage strategies).
         mask: (B, T) {0, 1}, 1 on completion tokens that enter the loss.
         entropies: (B, T) detached per-token entropy of the policy being trained (the tensor TRL's loss computes).
         epsilon_low, epsilon_high: the configured clip range of the ratio.
         entropy_mask: (B, T) {0, 1} or None, TRL's top-entropy mask (``top_entropy_quantile`` < 1), which TRL applies
             to the per-token loss after the loss-side terms; a sequence-level objective applies it itself (GMPO).
+        sampling_logps: (B, T) detached log-probabilities reported by the sampling engine (TRL's
+            ``sampling_per_token_logps``: vLLM's, which may differ from ``old_logps``; NaN where it could not score a
+            token), or None when the engine reports none (transformers generation): the input of rollout corrections.
     """
 
     logps: torch.Tensor
@@ -243,20 +254,22 @@ class LossContext:
     epsilon_low: float
     epsilon_high: float
     entropy_mask: torch.Tensor | None = None
+    sampling_logps: torch.Tensor | None = None
 
 
 @dataclass
 class LossTerms:
     """What a loss-side strategy changes in the per-token loss; every field (B, T) (or broadcastable to it) or None
-    (unchanged). How the fields of several strategies combine (``sharpgrpo.training.loss_terms``): masks and KL
+    (unchanged). How the fields of several strategies combine (``sharpgrpo.training.loss.terms``): masks and KL
     factors multiply, extra terms add; the clip range and a sequence objective belong to one strategy at most
     (``TokenLossStrategy.sets``), which the config checks.
 
     Attributes:
         gradient_mask: {0, 1}; 0 stops the gradient of the token's policy term (its value stays): Clip-Cov's
             "detach" as the paper words it.
-        token_mask: {0, 1}; 0 removes the token's policy term from the loss (value and gradient; the token still
-            counts in the loss type's normaliser): a trust-region mask (DPPO), Clip-Cov as released.
+        token_mask: a detached factor >= 0 on the token's policy term; 0 removes it from the loss (value and
+            gradient; the token still counts in the loss type's normaliser): a trust-region mask (DPPO), Clip-Cov as
+            released, or an importance weight (a rollout correction's, broadcast from (B, 1) for a sequence's).
         extra_loss: a per-token term added to the policy term, with its own graph: KL-Cov's penalty.
         epsilon_low, epsilon_high: per-token clip range replacing the configured one (Archer; ``inf`` for
             ``epsilon_high`` and 1 for ``epsilon_low`` remove PPO's clip, as KL-Cov and DPPO release it).
@@ -265,6 +278,16 @@ class LossTerms:
             micro-batch's policy loss is its mean over sequences, plus beta times each sequence's token-mean KL
             (GMPO, TRL's ``trl.experimental.gmpo``).
     """
+
+    # The per-token fields and what each holds: the per-token telemetry's ``<strategy>/<field>`` columns.
+    TERMS: ClassVar[dict[str, str]] = {
+        "gradient_mask": "1 where the strategy keeps the gradient of the token's policy term, 0 where it stops it",
+        "token_mask": "the strategy's factor on the token's policy term (0 removes it: value and gradient)",
+        "extra_loss": "the per-token term the strategy adds to the policy term",
+        "epsilon_low": "the strategy's per-token low clip range epsilon_low",
+        "epsilon_high": "the strategy's per-token high clip range epsilon_high",
+        "kl_weight": "the strategy's factor on the token's beta * KL term",
+    }
 
     gradient_mask: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None

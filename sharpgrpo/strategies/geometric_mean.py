@@ -6,7 +6,7 @@ sequence's token ratios instead of their arithmetic mean, with a sign-aware toke
     loss    = -mean_i J_i                                                   (+ beta * each sequence's token-mean KL)
 
 A sequence-level objective: the strategy returns ``LossTerms.sequence_loss``, which replaces the per-token surrogate
-and its aggregation (``sharpgrpo.training.loss_terms.sequence_objective_loss``). Released code: TRL 1.16
+and its aggregation (``sharpgrpo.training.loss.terms.sequence_objective_loss``). Released code: TRL 1.16
 ``trl/experimental/gmpo/gmpo_trainer.py`` (``GMPOTrainer._compute_loss``, installed: parity test) and verl
 ``verl/trainer/ppo/core_algos.py`` ``compute_policy_loss_geo_mean`` (token advantages averaged per sequence).
 """

@@ -1,5 +1,5 @@
 """The loss types of TRL 1.16's ``GRPOTrainer`` that sharpgrpo supports, by family: one home for the trainer's losses
-(``sharpgrpo.training.losses``), the config's checks and the strategies that declare which loss types they compose
+(``sharpgrpo.training.loss.surrogates``), the config's checks and the strategies that declare which loss types they compose
 with (``TokenLossStrategy.loss_types``)."""
 
 # Loss types whose surrogate is PPO's clipped objective (they differ only in how tokens are aggregated).

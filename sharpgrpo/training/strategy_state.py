@@ -21,13 +21,15 @@ def strategy_state_path(checkpoint: str, world_size: int, process_index: int) ->
 
 
 def save_strategy_state(path: str, strategies, generation_count: int) -> None:
-    state = {type(s).__name__: s.state_dict() for s in strategies}
-    torch.save({"strategies": state, "generation_count": generation_count}, path)
+    """Save ``strategies.state_dict()`` (a ``StrategySet``'s: one entry per strategy class) and the generation
+    count."""
+    torch.save({"strategies": strategies.state_dict(), "generation_count": generation_count}, path)
 
 
 def load_strategy_state(path: str, strategies) -> int | None:
     """Load the state saved at ``path`` (or, when the checkpoint was saved by another number of processes, process
-    0's, with a warning) into ``strategies``; return the saved generation count (None when nothing was saved)."""
+    0's, with a warning) into ``strategies`` (a ``StrategySet``); return the saved generation count (None when
+    nothing was saved)."""
     if not os.path.exists(path):  # resumed with another number of processes: reuse process 0's state
         checkpoint = os.path.dirname(path)
         candidates = [os.path.join(checkpoint, n) for n in (STRATEGY_STATE_NAME, "sharpgrpo_strategy_state_0.pt")]
@@ -53,7 +55,5 @@ def load_strategy_state(path: str, strategies) -> int | None:
     if "strategies" in state:
         generation_count = state.get("generation_count")
         state = state["strategies"]
-    for strategy in strategies:
-        if type(strategy).__name__ in state:
-            strategy.load_state_dict(state[type(strategy).__name__])
+    strategies.load_state_dict(state)
     return None if generation_count is None else int(generation_count)

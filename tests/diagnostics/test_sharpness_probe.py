@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from sharpgrpo.training.sharpness import SHARPNESS_KEYS, sharpness_probe
+from sharpgrpo.training.loss.sharpness import SHARPNESS_KEYS, sharpness_probe
 
 
 class Quadratic(torch.nn.Module):

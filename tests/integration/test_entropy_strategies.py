@@ -13,7 +13,7 @@ import torch
 from helpers import binary_letters_reward, cpu_config, make_trainer, tiny_config
 
 from sharpgrpo.data.demo import demo_dataset
-from sharpgrpo.training import policy_inputs
+from sharpgrpo.training.generation import policy_inputs
 
 
 def sampling_trainer(model_path, output_dir, **kwargs):

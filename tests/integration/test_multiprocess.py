@@ -41,7 +41,7 @@ from helpers import make_trainer
 
 from sharpgrpo import SharpGRPOTrainer
 from sharpgrpo.data.demo import allowed_letters_reward
-from sharpgrpo.training.vllm_seeding import (
+from sharpgrpo.training.generation.vllm_seeding import (
     colocated_vllm_seed,
     refuse_vllm_request_seed,
     seed_colocated_vllm,
@@ -224,7 +224,7 @@ def test_resume_with_two_processes(two_process_runs):
 def test_deepspeed_zero_matches_one_process(tiny_model_path, tmp_path, one_process_runs, stage):
     """DeepSpeed ZeRO-2/3 on the CPU (``DS_BUILD_OPS=0 pip install deepspeed``; the first run compiles DeepSpeed's
     CPU communication op, about a minute): same comparison as above for CW-GRPO and THR. Under ZeRO-3 the LM head is
-    partitioned, so THR's unembedding must be gathered (sharpgrpo.training.policy_inputs.full_unembedding)."""
+    partitioned, so THR's unembedding must be gathered (sharpgrpo.training.generation.policy_inputs.full_unembedding)."""
     pytest.importorskip("deepspeed")
     names = ["cw_grpo", "thr"]
     cases = [dict(CASES[n], per_device_train_batch_size=PER_DEVICE, max_steps=STEPS) for n in names]

@@ -1,4 +1,4 @@
-"""Per-token telemetry (`sharpgrpo.training.telemetry`): the exported columns are the very tensors the loss used.
+"""Per-token telemetry (`sharpgrpo.training.telemetry.recorder`): the exported columns are the very tensors the loss used.
 
 Each test really trains the tiny model two steps (two micro-batches per step, so TRL shuffles and splits the
 generation batch) and captures, inside the loss, what the surrogate received (the advantages and weights passed to
@@ -16,10 +16,10 @@ import torch
 from helpers import binary_letters_reward, make_trainer, tiny_config
 from trl import GRPOTrainer
 
-import sharpgrpo.trainer as trainer_module
+import sharpgrpo.training.loss.policy_loss as trainer_module
 from sharpgrpo import SharpGRPOTrainer
-from sharpgrpo.training.losses import aggregate_loss, window_token_share
-from sharpgrpo.training.telemetry import METADATA_KEY, REQUIRED, TelemetryError
+from sharpgrpo.training.loss.aggregation import aggregate_loss, window_token_share
+from sharpgrpo.training.telemetry.recorder import METADATA_KEY, REQUIRED, TelemetryError
 
 
 class CapturingTrainer(SharpGRPOTrainer):

@@ -5,7 +5,7 @@ change any advantage of the model's own tokens. Fails if the trainer passed ``co
 import pytest
 import torch
 
-from sharpgrpo.training.advantage_pipeline import GenerationRecord
+from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
 
 B, G, T = 8, 4, 10
 

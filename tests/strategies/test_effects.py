@@ -18,7 +18,7 @@ from helpers import cpu_config
 
 from sharpgrpo.strategies import STRATEGIES
 from sharpgrpo.strategies.probability_shaping import probability_shaping_weights, ratio_silenced_range
-from sharpgrpo.training.losses import weighted_policy_surrogate
+from sharpgrpo.training.loss.surrogates import weighted_policy_surrogate
 
 BUILTIN_WEIGHT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse")
 

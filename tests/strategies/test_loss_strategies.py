@@ -21,14 +21,9 @@ from sharpgrpo.strategies.entropy_covariance import (
 from sharpgrpo.strategies.geometric_mean import gmpo_sequence_loss
 from sharpgrpo.strategies.trust_region import binary_kl, kl_trust_region_mask, tv_trust_region_mask
 from sharpgrpo.strategy_params import StrategyParams
-from sharpgrpo.training.loss_terms import (
-    apply_token_terms,
-    clip_range,
-    collect_loss_terms,
-    sequence_objective_loss,
-    weighted_kl,
-)
-from sharpgrpo.training.losses import kl_penalty, policy_surrogate
+from sharpgrpo.training.loss.aggregation import sequence_objective_loss
+from sharpgrpo.training.loss.surrogates import kl_penalty, policy_surrogate
+from sharpgrpo.training.loss.terms import apply_token_terms, clip_range, collect_loss_terms, weighted_kl
 
 D = torch.float64
 GROUPS, G, T = 3, 4, 7
@@ -219,7 +214,8 @@ def test_per_token_clip_range_and_kl_weight_wiring_matches_loop(seed):
     logps = logps.clone().requires_grad_(True)
     # extra terms with a graph: the second strategy's term is extra * log p
     strategies[2].terms.extra_loss = extra[1] * logps
-    terms, metrics = collect_loss_terms(strategies, LossContext(logps, old_logps, advantages, mask, None, 0.2, 0.2))
+    named = [(f"s{i}", strategy) for i, strategy in enumerate(strategies)]
+    terms, metrics, _ = collect_loss_terms(named, LossContext(logps, old_logps, advantages, mask, None, 0.2, 0.2))
     assert set(metrics) == {"test/metric"}
     eps_low, eps_high = clip_range(terms, 0.2, 0.2)
     ratio = torch.exp(logps - old_logps)

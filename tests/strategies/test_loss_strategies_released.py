@@ -21,8 +21,9 @@ import torch
 
 from sharpgrpo.strategies import STRATEGIES, LossContext
 from sharpgrpo.strategy_params import StrategyParams
-from sharpgrpo.training.loss_terms import apply_token_terms, clip_range, sequence_objective_loss
-from sharpgrpo.training.losses import aggregate_loss, policy_surrogate
+from sharpgrpo.training.loss.aggregation import aggregate_loss, sequence_objective_loss
+from sharpgrpo.training.loss.surrogates import policy_surrogate
+from sharpgrpo.training.loss.terms import apply_token_terms, clip_range
 
 D = torch.float64
 LOGPS = torch.tensor([[-0.05, -1.2, -3.5, -0.4], [-2.8, -0.1, -0.9, -4.0], [-0.3, -2.2, -0.02, -1.6]], dtype=D)

@@ -11,7 +11,7 @@ the LM head for the duration of one ``generate`` call and keeps, per step,
 * ``log_softmax(logits / T)`` of the *raw* logits (before any logits processor: top-k, top-p, ``min_new_tokens``
   change the sampling distribution, not the policy's) at the token sampled from them (B,), when log-probabilities
   are wanted;
-* the entropy of ``softmax(logits / T)`` (B,), when entropies are wanted (``sharpgrpo.training.entropy_inputs``). Only one step's (B, V) logits are alive at a time: the sampled token is read from the ``input_ids`` of
+* the entropy of ``softmax(logits / T)`` (B,), when entropies are wanted (``sharpgrpo.training.generation.entropy_inputs``). Only one step's (B, V) logits are alive at a time: the sampled token is read from the ``input_ids`` of
   the next step's forward (a pre-hook on the model), and the last step's token from the returned completions.
 
 The values differ from a full forward over prompt + completion by the rounding of KV-cache decoding (attention over
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.training.entropy_inputs import entropy_from_step_logits
+from sharpgrpo.training.generation.entropy_inputs import entropy_from_step_logits
 
 
 class GenerationCapture:

@@ -1,11 +1,12 @@
 """The loss-side strategies' terms (``sharpgrpo.strategies.base.LossTerms``) folded into the loss.
 
-Pure torch plus the accelerator that reduces the metrics. ``SharpGRPOTrainer._compute_loss`` builds a ``LossContext``,
-calls ``collect_loss_terms`` once per micro-batch, passes the clip range it returns to the surrogate, then
+Pure torch. The policy loss (``sharpgrpo.training.loss.policy_loss``) builds a ``LossContext``, calls
+``collect_loss_terms`` once per micro-batch, passes the clip range it returns to the surrogate, then
 ``apply_token_terms`` to the per-token policy term (before TRL's off-policy mask, entropy mask and vLLM
 importance-sampling ratio, which act on the whole policy term, as verl's ``rollout_is_weights`` do), the KL factor to
 the beta * KL term, or, for a sequence-level objective, ``sequence_objective_loss`` in place of the surrogate and its
-aggregation. Order inside the policy term (docs/methods.md, "Strategy kinds"):
+aggregation (``sharpgrpo.training.loss.aggregation``). Order inside the policy term (docs/methods.md, "Strategy
+kinds"):
 
     l[i,t] = token_mask * where(gradient_mask, s, sg[s]) + extra_loss,    s = surrogate(r; eps_low[i,t], eps_high[i,t])
 """
@@ -17,21 +18,24 @@ import torch
 from sharpgrpo.strategies.base import LossContext, LossTerms
 
 
-def collect_loss_terms(strategies, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+def collect_loss_terms(strategies, context: LossContext
+                       ) -> tuple[LossTerms, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Every loss strategy's terms for one micro-batch, combined: masks and KL factors multiply, extra terms add, the
-    clip range and a sequence objective come from the one strategy that sets them (the config refuses two). Returns
-    (combined terms, metrics as 0-d device tensors)."""
-    combined, metrics = LossTerms(), {}
-    for strategy in strategies:
+    clip range and a sequence objective come from the one strategy that sets them (the config refuses two).
+    ``strategies``: (name, strategy) pairs. Returns (combined terms, metrics as 0-d device tensors, each strategy's
+    per-token terms named ``<name>/<field>``, the telemetry's columns)."""
+    combined, metrics, columns = LossTerms(), {}, {}
+    for strategy_name, strategy in strategies:
         terms, strategy_metrics = strategy.loss_terms(context)
         metrics.update(strategy_metrics)
+        columns.update({f"{strategy_name}/{name}": value for name, value in per_token_terms(terms).items()})
         for name in ("gradient_mask", "token_mask", "kl_weight"):
             combined = _merge(combined, name, getattr(terms, name), torch.mul)
         combined = _merge(combined, "extra_loss", terms.extra_loss, torch.add)
         for name in ("epsilon_low", "epsilon_high", "sequence_loss"):
             if getattr(terms, name) is not None:
                 setattr(combined, name, getattr(terms, name))
-    return combined, metrics
+    return combined, metrics, columns
 
 
 def _merge(terms: LossTerms, name: str, value: torch.Tensor | None, combine) -> LossTerms:
@@ -71,27 +75,9 @@ def weighted_kl(per_token_kl: torch.Tensor, terms: LossTerms | None) -> torch.Te
     return per_token_kl * terms.kl_weight
 
 
-def sequence_objective_loss(
-    sequence_loss: torch.Tensor, per_token_kl: torch.Tensor | None, beta: float, mask: torch.Tensor,
-    accumulation_steps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sequence-level objective's micro-batch loss, as TRL 1.16's ``GMPOTrainer._compute_loss`` aggregates it:
-
-        L = mean_i ( sequence_loss[i] + beta * sum_t kl[i,t] mask[i,t] / max(1, sum_t mask[i,t]) ) / accumulation
-
-    Shapes: ``sequence_loss`` (B,), ``per_token_kl`` and ``mask`` (B, T). Returns (loss to back-propagate, the
-    mean policy loss before the division)."""
-    per_sequence = sequence_loss
-    if per_token_kl is not None and beta != 0.0:
-        per_sequence = per_sequence + beta * (per_token_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    loss = per_sequence.mean()
-    return loss / accumulation_steps, loss.detach()
-
-
 def per_token_terms(terms: LossTerms | None) -> dict[str, torch.Tensor]:
-    """The per-token fields the loss strategies set (masks, extra terms, per-token clip range, KL factor), by name:
-    the telemetry's columns of what the loss used."""
+    """The per-token fields a loss strategy set (masks, extra terms, per-token clip range, KL factor), by field name
+    (``LossTerms.TERMS``)."""
     if terms is None:
         return {}
-    names = ("gradient_mask", "token_mask", "extra_loss", "epsilon_low", "epsilon_high", "kl_weight")
-    return {name: getattr(terms, name) for name in names if torch.is_tensor(getattr(terms, name))}
+    return {name: getattr(terms, name) for name in LossTerms.TERMS if torch.is_tensor(getattr(terms, name))}

@@ -93,6 +93,17 @@ def strategy_loss_weights(strategy, logps: torch.Tensor, mask: torch.Tensor, adv
     return strategy.loss_weights(logps, mask, advantages)
 
 
+def refuse_unsupported_rollouts(strategies, environment_factories: Any, tools: Any, rollout_func: Any) -> None:
+    """Advantage strategies need the whole groups and the trained model's sampling distribution: refused with
+    ``environment_factory`` rollouts and tool calling, and (:func:`refuse_unavailable_sampling_entropy`) where a
+    strategy needs the sampling entropy that a custom ``rollout_func`` cannot provide."""
+    if strategies and environment_factories is not None:
+        raise ValueError("Advantage strategies are not supported with `environment_factory` rollouts.")
+    if strategies and tools:
+        raise ValueError("Advantage strategies are not supported with tool calling (tool_mask).")
+    refuse_unavailable_sampling_entropy(strategies, rollout_func)
+
+
 def refuse_unavailable_sampling_entropy(strategies, rollout_func: Any) -> None:
     """One line naming both when a strategy needs the sampling policy's entropy and the generation path cannot
     provide it: a custom ``rollout_func`` samples from a distribution the trainer never sees (another model, a

@@ -13,7 +13,6 @@ curvature along g (``increase = rho ||g|| + rho^2/2 u^T H u + O(rho^3)`` with u 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
@@ -95,75 +94,45 @@ def sharpness_probe(
     }
 
 
-class PinnedWeights:
-    """Token weights drawn once and reused by every loss pass of one micro-batch while pinned.
-
-    The probe's two loss passes and the training loss of the same micro-batch then see the same weights, so the
-    ascent measures the loss the step optimises and a `random` run with the probe draws exactly the weights of a run
-    without it. ``__call__(compute)`` returns ``compute()`` (weights, check count) when not pinned; when pinned, the
-    first result is kept and later calls get its weights with no check count (they were checked once).
-    """
-
-    def __init__(self):
-        self.active = False
-        self.weights = None
-
-    def __call__(self, compute: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]):
-        if not self.active:
-            return compute()
-        if self.weights is None:
-            self.weights, bad = compute()
-            return self.weights, bad
-        return self.weights, None
-
-    def release(self) -> None:
-        self.active, self.weights = False, None
-
-
 class SharpnessProbe:
     """SAM-style sharpness (``sharpness_probe``) on the first micro-batch of every ``every``-th optimizer step of a
     ``GRPOTrainer``; ``every = 0`` turns it off.
 
-    The loss probed is the micro-batch loss times the accumulation steps, i.e. on the scale of a whole step's loss.
-    Parameters, random streams, the trainer's metrics and TRL's adaptive entropy state are restored exactly (the
-    probe's own loss passes add no loss metrics); the results are logged as ``sharpness/*``.
+    The loss probed is the micro-batch's policy loss times the accumulation steps, i.e. on the scale of a whole
+    step's loss, computed by the pure policy loss (``sharpgrpo.training.loss.policy_loss``): its passes append no
+    metric, capture no telemetry and move no entropy control, so nothing is restored. The token weights drawn by its
+    first pass are pinned: its second pass and the training loss of the same micro-batch use them, so the ascent
+    measures the loss the step optimises and a `random` run with the probe draws exactly the weights of a run without
+    it. The results are logged as ``sharpness/*``.
     """
 
     def __init__(self, every: int, rho: float):
         self.every, self.rho = every, rho
-        self.pinned = PinnedWeights()
         self._last_step: int | None = None
 
     def _due(self, trainer) -> bool:
         step = trainer.state.global_step
         return bool(self.every) and trainer.model.training and step % self.every == 0 and self._last_step != step
 
-    @contextlib.contextmanager
-    def around_training_loss(self, trainer, model, inputs):
-        """Run the probe first when due, with the weights pinned for this micro-batch's training loss."""
-        if self._due(trainer):
-            self._last_step = trainer.state.global_step
-            self.pinned.active = True
-            self._probe(trainer, model, inputs)
-        try:
-            yield
-        finally:
-            self.pinned.release()
-
-    def _probe(self, trainer, model, inputs) -> None:
-        metrics = trainer._metrics["train"]
-        saved_metrics = {key: list(values) for key, values in metrics.items()}
-        saved_entropy = (trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats)
+    def pinned_weights(self, trainer, model, loss_result: Callable) -> torch.Tensor | None:
+        """When due, run the probe on ``loss_result(weights) -> PolicyLossResult`` (this micro-batch's loss), log its
+        metrics and return the token weights its first pass drew (None: not due, or no weight strategy)."""
+        if not self._due(trainer):
+            return None
+        self._last_step = trainer.state.global_step
+        pinned: list[torch.Tensor | None] = [None]
         scale = trainer.current_gradient_accumulation_steps
         accelerator = trainer.accelerator
+
+        def loss_fn() -> torch.Tensor:
+            result = loss_result(pinned[0])
+            pinned[0] = result.weights if pinned[0] is None else pinned[0]
+            return result.loss * scale
+
         result = sharpness_probe(
-            accelerator.unwrap_model(model),
-            lambda: trainer._compute_loss(model, inputs) * scale,
-            self.rho,
+            accelerator.unwrap_model(model), loss_fn, self.rho,
             grad_reduce=(lambda g: accelerator.reduce(g, "mean")) if accelerator.num_processes > 1 else None,
         )
-        metrics.clear()
-        metrics.update(saved_metrics)
-        trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = saved_entropy
         for key, value in result.items():
-            metrics[key].append(value)
+            trainer._metrics["train"][key].append(value)
+        return pinned[0]

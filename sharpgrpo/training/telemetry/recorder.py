@@ -7,8 +7,10 @@ Capture, not recomputation. The trainer hands the recorder, detached, what it co
   reward function, the token advantages after each advantage strategy (``run_advantage_strategies``' stages), the
   row's global index and its prompt. They travel with the rows as ``telemetry_*`` tensors through TRL's shuffling and
   splitting (``attach_generation``);
-* in the loss (``SharpGRPOTrainer._compute_loss``), on a telemetry step: the log-probabilities, the ratio, the weights,
-  the advantages, the KL term and the per-token loss of each micro-batch (``TelemetryRecorder.capture``);
+* in the loss (``SharpGRPOTrainer._compute_loss``), on a telemetry step: the policy loss's result
+  (``sharpgrpo.training.loss.policy_loss.PolicyLossResult``): the log-probabilities, the ratio, the weights, the
+  advantages, the KL term, the loss strategies' terms and the per-token loss of each micro-batch
+  (``TelemetryRecorder.capture``);
 * at the step's end (``TelemetryCallback``): every process's rows gathered, sorted into global order
   (group, completion, position) and written by the main process (``TelemetryRecorder.flush``).
 
@@ -28,8 +30,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from sharpgrpo.strategies import LossTerms
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
-from sharpgrpo.training.losses import token_loss_shares
 
 SCHEMA_VERSION = 1
 METADATA_KEY = "sharpgrpo.telemetry"
@@ -78,17 +80,11 @@ PATTERN_COLUMNS = {
     "weight/<strategy>": "the weight of each configured weight strategy",
     "advantage/<strategy>": "the token advantage after each advantage strategy, in the configured order",
     "reward/<function>": "the completion's reward from each reward function (null where it skipped the row)",
+    **{f"<loss strategy>/{term}": text for term, text in LossTerms.TERMS.items()},
 }
 # Columns every telemetry file has (the reader refuses a file without them).
 REQUIRED = ("step", "row", "prompt_index", "completion_index", "group_id", "position", "token_id", "token", "mask",
             "logp", "ratio", "weight", "advantage", "token_loss", "loss_contribution")
-
-
-# The keyword tensors ``TelemetryRecorder.capture`` maps to the columns above; any other (B, T) or (B, 1) tensor it is
-# given becomes a column of its own name.
-CAPTURED = ("loss_type", "accumulation", "window_tokens", "mask", "old_logp", "sampling_logp", "logp", "ratio",
-            "surrogate_ratio", "entropy", "entropy_mask", "weight", "advantage", "token_loss", "off_policy_mask",
-            "is_weight", "kl")
 
 
 class TelemetryError(RuntimeError):
@@ -160,10 +156,8 @@ class TelemetryRecorder:
     """Collects one telemetry step's rows on each process and writes them as one file (the main process)."""
 
     def __init__(self, args, accelerator, tokenizer, *, reward_names: Sequence[str], weight_names: Sequence[str],
-                 stage_names: Sequence[str], folded_name: str | None, num_generations: int,
-                 epsilon_low: float, epsilon_high: float):
+                 stage_names: Sequence[str], folded_name: str | None, num_generations: int):
         self.args, self.accelerator, self.tokenizer = args, accelerator, tokenizer
-        self.epsilon_low, self.epsilon_high = epsilon_low, epsilon_high
         self.reward_names, self.weight_names = list(reward_names), list(weight_names)
         self.stage_names, self.folded_name = list(stage_names), folded_name
         self.num_generations = num_generations
@@ -180,19 +174,19 @@ class TelemetryRecorder:
         self.prompts = {start + i: _prompt_text(row.get("prompt")) for i, row in enumerate(inputs)}
 
     # --- loss ----------------------------------------------------------------------------------------------------
-    def capture(self, step: int, inputs: dict[str, Any], **tensors) -> None:
+    def capture(self, step: int, inputs: dict[str, Any], result) -> None:
         """Keep one micro-batch's loss tensors (detached, on the CPU) when ``step`` is a telemetry step.
 
-        ``tensors``: ``mask``, ``old_logp``, ``logp``, ``ratio``, ``surrogate_ratio``, ``advantage``, ``token_loss``
-        (B, T) or (B, 1); optional ``sampling_logp``, ``entropy``, ``entropy_mask``, ``off_policy_mask``,
-        ``is_weight``, ``weight``, ``kl`` (None: not used by this loss); scalars ``accumulation``, ``window_tokens``,
-        ``loss_type``; any other (B, T) or (B, 1) tensor becomes a column of its own name. ``inputs`` carries the
-        rows' ``telemetry_*`` tensors and ids."""
+        ``result``: the micro-batch's ``PolicyLossResult`` (``sharpgrpo.training.loss.policy_loss``): its
+        ``tensors`` give the columns of ``COLUMNS`` (a field that is None was not used by this loss), each loss
+        strategy's per-token terms the ``<strategy>/<term>`` columns, and ``loss_shares`` every token's share of
+        the loss. ``inputs`` carries the rows' ``telemetry_*`` tensors and ids."""
         if not is_telemetry_step(step, self.args) or "telemetry_row" not in inputs:
             return
         if self._step != step:  # a new telemetry step: what an earlier step left (it wrote its file) goes
             self.chunks, self._micro_batch, self._step = [], 0, step
-        mask = tensors["mask"]
+        tensors = result.tensors
+        mask = tensors.mask
         shape = tuple(mask.shape)
         keep = inputs["completion_mask"].detach().bool().cpu().numpy()  # real completion tokens, no padding
         b_index, t_index = np.nonzero(keep)
@@ -202,17 +196,11 @@ class TelemetryRecorder:
                 return np.full(len(b_index), fill, dtype=np.float32)
             return _numpy(value, shape)[b_index, t_index]
 
-        advantages = tensors["advantage"]
-        epsilon_low, epsilon_high = (  # a loss strategy's per-token clip range (Archer, ...), else the config's
-            default if tensors.get(name) is None else tensors[name]
-            for name, default in (("epsilon_low", self.epsilon_low), ("epsilon_high", self.epsilon_high))
-        )
-        low, high = clip_flags(tensors["loss_type"], tensors["surrogate_ratio"], advantages, epsilon_low, epsilon_high)
-        shares = token_loss_shares(mask, tensors["loss_type"], accumulation_steps=tensors["accumulation"],
-                                   window_tokens=tensors.get("window_tokens"),
-                                   max_completion_length=self.args.max_completion_length)
-        shares = shares / self.accelerator.num_processes  # the logged loss is the mean of the processes' losses
-        token_loss = tensors["token_loss"]
+        advantages = tensors.advantage
+        low, high = clip_flags(result.loss_type, tensors.surrogate_ratio, advantages, tensors.epsilon_low,
+                               tensors.epsilon_high)
+        shares = result.loss_shares() / self.accelerator.num_processes  # the logged loss: the processes' mean
+        token_loss = tensors.token_loss
         rows = inputs["telemetry_row"].cpu().numpy()
         chunk = {
             "step": np.full(len(b_index), step, dtype=np.int64),
@@ -223,22 +211,21 @@ class TelemetryRecorder:
             "position": t_index.astype(np.int32),
             "token_id": inputs["completion_ids"].cpu().numpy()[b_index, t_index].astype(np.int64),
             "mask": column(mask).astype(np.int8),
-            "old_logp": column(tensors["old_logp"]),
-            "sampling_logp": column(tensors["old_logp"] if tensors.get("sampling_logp") is None
-                                    else tensors["sampling_logp"]),
-            "logp": column(tensors["logp"]),
-            "ratio": column(tensors["ratio"]),
-            "surrogate_ratio": column(tensors["surrogate_ratio"]),
+            "old_logp": column(tensors.old_logp),
+            "sampling_logp": column(tensors.old_logp if tensors.sampling_logp is None else tensors.sampling_logp),
+            "logp": column(tensors.logp),
+            "ratio": column(tensors.ratio),
+            "surrogate_ratio": column(tensors.surrogate_ratio),
             "clip_low": _numpy(low, shape)[b_index, t_index].astype(bool),
             "clip_high": _numpy(high, shape)[b_index, t_index].astype(bool),
-            "is_weight": column(tensors.get("is_weight")),
-            "entropy": column(tensors.get("entropy")),
-            "entropy_mask": column(tensors.get("entropy_mask"), fill=1.0).astype(np.int8),
-            "off_policy_mask": column(tensors.get("off_policy_mask")),
-            "weight": column(tensors.get("weight"), fill=1.0),
+            "is_weight": column(tensors.is_weight),
+            "entropy": column(tensors.entropy),
+            "entropy_mask": column(tensors.entropy_mask, fill=1.0).astype(np.int8),
+            "off_policy_mask": column(tensors.off_policy_mask),
+            "weight": column(tensors.weight, fill=1.0),
             "advantage_trl": inputs["telemetry_trl_advantage"].cpu().numpy()[b_index],
             "advantage": column(advantages),
-            "kl": column(tensors.get("kl")),
+            "kl": column(tensors.kl),
             "token_loss": column(token_loss),
             "loss_share": column(shares),
             "loss_contribution": column(token_loss.detach() * shares),
@@ -257,9 +244,8 @@ class TelemetryRecorder:
                 chunk[f"reward/{name}"] = values[:, f]
             weights = np.asarray(self.args.reward_weights or [1.0] * len(self.reward_names), dtype=np.float64)
             chunk["reward"] = np.nansum(values * weights, axis=1).astype(np.float32)
-        for name, value in tensors.items():  # any other per-token tensor handed in (e.g. a loss-side strategy's)
-            if name not in CAPTURED and torch.is_tensor(value) and value.dim() == 2:
-                chunk[name] = column(value)
+        for name, value in tensors.strategy_terms.items():  # each loss strategy's per-token terms
+            chunk[name] = column(value)
         chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
         self.chunks.append(chunk)
         self._micro_batch += 1
@@ -348,8 +334,11 @@ def file_metadata(args, step: int, columns: Sequence[str]) -> dict[str, Any]:
 
 
 def _pattern_help(name: str) -> str:
-    prefix = name.split("/", 1)[0]
-    return next((text for pattern, text in PATTERN_COLUMNS.items() if pattern.startswith(prefix + "/")), "")
+    prefix, _, term = name.partition("/")
+    found = next((text for pattern, text in PATTERN_COLUMNS.items() if pattern.startswith(prefix + "/")), None)
+    if found is None and term in LossTerms.TERMS:  # a loss strategy's term, named after the strategy
+        return f"{prefix} (loss strategy): {LossTerms.TERMS[term]}"
+    return found or ""
 
 
 def _prompt_text(prompt: Any) -> str:
@@ -369,14 +358,9 @@ def _concatenate(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _global_order(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows sorted by (row, position); a token captured twice in a step (a probe's extra loss before the training
-    loss, `sharpgrpo.diagnostics.sharpness`) keeps its last capture."""
-    n = len(columns["row"])
-    order = np.lexsort((-np.arange(n), columns["position"], columns["row"]))  # last capture first among equals
-    keys = np.stack([columns["row"][order], columns["position"][order]], axis=1)
-    first = np.ones(n, dtype=bool)
-    first[1:] = np.any(keys[1:] != keys[:-1], axis=1)
-    order = order[first]
+    """Rows sorted by (row, position): every token is captured once per step, by the training loss (the sharpness
+    probe's loss passes call the policy loss itself and capture nothing)."""
+    order = np.lexsort((columns["position"], columns["row"]))
     return {name: values[order] for name, values in columns.items()}
 
 
@@ -416,19 +400,14 @@ def replace_folded_advantages(logs: dict[str, Any], accelerator, inputs: dict[st
         logged[offset + row] = mean
 
 
-def telemetry_recorder(trainer) -> TelemetryRecorder:
-    """The recorder of ``trainer`` (a ``SharpGRPOTrainer`` with ``token_telemetry``), its callback installed."""
-    from sharpgrpo.strategies import STRATEGIES
-
-    names = {kind: [n for n in trainer.args.strategies if STRATEGIES.get(n).kind == kind]
-             for kind in ("weight", "advantage")}
-    folded = trainer._folded_strategy() is not None
-    advantage_names = names["advantage"]
+def telemetry_recorder(trainer, strategies, folded: bool) -> TelemetryRecorder:
+    """The recorder of ``trainer`` (a ``SharpGRPOTrainer`` with ``token_telemetry``), its callback installed;
+    ``strategies`` the trainer's ``StrategySet``, ``folded`` whether its last advantage strategy acts in the loss."""
+    advantage_names = strategies.names_of("advantage")
     recorder = TelemetryRecorder(
         trainer.args, trainer.accelerator, trainer.processing_class, reward_names=trainer.reward_func_names,
-        weight_names=names["weight"], stage_names=advantage_names[:-1] if folded else advantage_names,
+        weight_names=strategies.names_of("weight"), stage_names=advantage_names[:-1] if folded else advantage_names,
         folded_name=advantage_names[-1] if folded else None, num_generations=trainer.num_generations,
-        epsilon_low=trainer.epsilon_low, epsilon_high=trainer.epsilon_high,
     )
     trainer.add_callback(TelemetryCallback(recorder))
     return recorder

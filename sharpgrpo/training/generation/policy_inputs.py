@@ -3,8 +3,8 @@ the last hidden states at the positions that predict each completion token, the 
 (unembedding).
 
 Each is taken from the cheapest source available, in this order: TRL's own ``old_per_token_logps``; the values
-read from transformers' decoding steps (`sharpgrpo.training.generation_capture`); vLLM's sampling log-probabilities; the
-hidden states THR already computed (through the unembedding); a no-grad forward. Functions of the model and the
+read from transformers' decoding steps (`sharpgrpo.training.generation.capture`); vLLM's sampling log-probabilities;
+the hidden states THR already computed (through the unembedding); a no-grad forward. Functions of the model and the
 batch only: no trainer state; ``Policy`` bundles what the trainer knows about its model for them.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.training.entropy_inputs import entropies_from_hidden_states
-from sharpgrpo.training.generation_capture import logps_from_hidden_states
+from sharpgrpo.training.generation.entropy_inputs import entropies_from_hidden_states
+from sharpgrpo.training.generation.capture import logps_from_hidden_states
 
 
 def prompt_completion(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +231,8 @@ class Policy:
         """``(old log-probabilities, last hidden states, sampling entropies)`` of the local rows, each None unless
         needed, from the cheapest source (module docstring). Entropies come from the decoding steps when captured,
         else from the hidden states through the LM head, chunked over rows and vocabulary
-        (``sharpgrpo.training.entropy_inputs``); a backbone forward run for them also serves the log-probabilities."""
+        (``sharpgrpo.training.generation.entropy_inputs``); a backbone forward run for them also serves the
+        log-probabilities."""
         hidden_states = None
         entropies = captured.get("entropy") if needs_entropies else None
         if needs_hidden_states or (needs_entropies and entropies is None):

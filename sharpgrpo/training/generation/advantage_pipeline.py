@@ -3,8 +3,11 @@ gathered from every process, and the strategies run in the configured order.
 
 TRL computes rewards and generates inside its own ``_generate_and_score_completions``; the trainer's overrides of
 those inner steps record what the strategies need in one ``GenerationRecord`` per generation batch, which
-``SharpGRPOTrainer._apply_advantage_strategies`` reads once: it tags the groups (``tag_groups``), gathers the whole
-groups into one ``GenerationBatch`` (``gathered_batch``) and runs the strategies (``run_advantage_strategies``).
+``advantage_pipeline`` reads once (called by ``SharpGRPOTrainer._apply_advantage_strategies``): it reads the policy's
+inputs the strategies need, gathers the whole groups into one ``GenerationBatch`` (``gathered_batch``), runs the
+strategies (``run_advantage_strategies``) and returns an ``AdvantageResult``: this process's token advantages, the
+strategies' metrics and each strategy's output (the telemetry's stages). The groups were tagged before
+(``tag_groups``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import torch
 
 from sharpgrpo.strategies import AdvantageStrategy, GenerationBatch
 from sharpgrpo.strategies.correctness import correct_completions
+from sharpgrpo.training.generation.capture import fit_width
+from sharpgrpo.training.generation.inputs import provided_inputs
+from sharpgrpo.training.telemetry.recorder import sequence_means
 
 
 @dataclass
@@ -28,10 +34,10 @@ class GenerationRecord:
         answer_verdicts: (B_local,) the reward functions' answer checks (`sharpgrpo.strategies.correctness`), or None.
         captured: the sampling log-probabilities (``logps``), last hidden states (``hidden``) and entropies
             (``entropy``) read from
-            transformers' decoding steps (`sharpgrpo.training.generation_capture`), when a strategy needs them.
+            transformers' decoding steps (`sharpgrpo.training.generation.capture`), when a strategy needs them.
         stages: (B_local, T) token advantages after each advantage strategy run at generation (this process's rows).
         logged_advantages: (each completion's mean token advantage after those strategies, TRL's sequence advantage),
-            both (B_global,) in global order, for the completion tables (`sharpgrpo.training.telemetry`).
+            both (B_global,) in global order, for the completion tables (`sharpgrpo.training.telemetry.recorder`).
     """
 
     inputs: list[dict[str, Any]] | None = None
@@ -58,26 +64,75 @@ def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) 
 
 
 def run_advantage_strategies(
-    strategies: list[AdvantageStrategy], batch: GenerationBatch, checker, metrics, on_token_scores=None,
-    stages: list[torch.Tensor] | None = None,
-) -> torch.Tensor:
+    strategies: list[AdvantageStrategy], batch: GenerationBatch, checker, on_token_scores=None,
+) -> tuple[torch.Tensor, list[tuple[str, float]], list[torch.Tensor]]:
     """Apply ``strategies`` in order, each to the previous one's token advantages; check each output
-    (``checker.advantages``), append each strategy's metrics to ``metrics`` and hand the strategy's per-token scores
-    (``AdvantageStrategy.token_scores``), if any, to ``on_token_scores(scores, token_advantages)``. Each strategy's
-    output (B, T) is appended to ``stages`` when given (the per-token telemetry's ``advantage/<strategy>``)."""
-    token_advantages = batch.advantages
+    (``checker.advantages``) and hand the strategy's per-token scores (``AdvantageStrategy.token_scores``), if any,
+    to ``on_token_scores(batch, scores, token_advantages)``. Returns (the last token advantages (B, T), each
+    strategy's metrics as (name, value) in order, each strategy's output (B, T): the telemetry's
+    ``advantage/<strategy>``)."""
+    token_advantages, metrics, stages = batch.advantages, [], []
     for strategy in strategies:
         result = strategy.token_advantages(replace(batch, advantages=token_advantages))
         checker.advantages(strategy, result, batch)
         token_advantages, strategy_metrics = result
-        if stages is not None:
-            stages.append(token_advantages)
-        for name, value in strategy_metrics.items():
-            metrics[name].append(float(value))
+        stages.append(token_advantages)
+        metrics.extend((name, float(value)) for name, value in strategy_metrics.items())
         scores = strategy.token_scores()
         if on_token_scores is not None and scores is not None:
-            on_token_scores(scores, token_advantages)
-    return token_advantages
+            on_token_scores(batch, scores, token_advantages)
+    return token_advantages, metrics, stages
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """What the advantage strategies made of one generation batch.
+
+    Attributes:
+        advantages: (B_local, T_local) token advantages of this process's rows.
+        metrics: the strategies' metrics, (name, value) in order.
+        stages: (B_local, T_local) token advantages after each strategy (this process's rows).
+        logged_advantages: (each completion's mean token advantage, TRL's sequence advantage), both (B_global,),
+            for the completion tables (`sharpgrpo.training.telemetry`).
+    """
+
+    advantages: torch.Tensor
+    metrics: list[tuple[str, float]]
+    stages: list[torch.Tensor]
+    logged_advantages: tuple[torch.Tensor, torch.Tensor]
+
+
+@torch.no_grad()
+def advantage_pipeline(accelerator, output: dict[str, Any], record: GenerationRecord, strategies, needs, policy,
+                       checker, reward_weights: torch.Tensor, num_generations: int, temperature: float,
+                       input_providers: dict | None = None, on_token_scores=None) -> AdvantageResult:
+    """Run ``strategies`` (those run at generation; ``needs`` their ``GenerationNeeds``) on the whole groups of
+    every process. ``policy``: the ``Policy`` the strategies' inputs are read from; ``input_providers``: the
+    registered generation inputs the strategies need (`sharpgrpo.training.generation.inputs`)."""
+    if "pixel_values" in output:
+        raise ValueError("Advantage strategies do not support multimodal inputs.")
+    if output["advantages"].dim() != 1:
+        raise ValueError("Advantage strategies expect TRL's sequence advantages of shape (B,).")
+    captured, record.captured = record.captured, {}  # this batch's decoding-step values are read once
+    local_rows, local_length = output["completion_ids"].shape
+    captured = {k: fit_width(v, local_length) for k, v in captured.items() if v.shape[0] == local_rows}
+    old_logps, hidden_states, entropies = policy.strategy_inputs(output, captured, needs.hidden_states,
+                                                                 needs.old_logps, needs.entropies)
+    extras = provided_inputs(input_providers or {}, output)
+    with policy.unembedding(hidden_states is not None) as unembedding:
+        batch = gathered_batch(accelerator, output, record, reward_weights, old_logps=old_logps,
+                               hidden_states=hidden_states, unembedding=unembedding,
+                               num_generations=num_generations, temperature=temperature,
+                               needs_correctness=needs.correctness, entropies=entropies, extras=extras)
+        token_advantages, metrics, stages = run_advantage_strategies(strategies, batch, checker, on_token_scores)
+    start = accelerator.process_index * local_rows
+    rows = slice(start, start + local_rows)
+    return AdvantageResult(
+        advantages=token_advantages[rows, :local_length].contiguous(),
+        metrics=metrics,
+        stages=[stage[rows, :local_length] for stage in stages],
+        logged_advantages=(sequence_means(token_advantages, batch.completion_mask), batch.advantages[:, 0]),
+    )
 
 
 def tag_groups(output: dict[str, Any], process_index: int, num_processes: int, num_generations: int,
@@ -96,19 +151,11 @@ def tag_groups(output: dict[str, Any], process_index: int, num_processes: int, n
     }
 
 
-def split_folded(strategies: list[AdvantageStrategy], trl_computes_old_logps: bool):
-    """``(strategies run at generation, the one folded into the loss or None)``: the last strategy is applied in the
-    loss instead when it ``folds_into_loss`` and training is on-policy (TRL computes no old log-probabilities)."""
-    last = strategies[-1] if strategies else None
-    if last is not None and last.folds_into_loss and not trl_computes_old_logps:
-        return strategies[:-1], last
-    return list(strategies), None
-
-
 def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord, reward_weights: torch.Tensor, *,
                    old_logps: torch.Tensor | None, hidden_states: torch.Tensor | None, unembedding: tuple,
                    num_generations: int, temperature: float, needs_correctness: bool,
-                   entropies: torch.Tensor | None = None) -> GenerationBatch:
+                   entropies: torch.Tensor | None = None, extras: dict[str, torch.Tensor] | None = None
+                   ) -> GenerationBatch:
     """The whole groups of every process as one ``GenerationBatch`` (rows in global order). Tool results and
     retrieved text (``tool_mask``) are masked out of every strategy statistic; ``correct`` comes from the answer
     checks' verdicts (`sharpgrpo.strategies.correctness`) when a strategy needs it."""
@@ -138,4 +185,5 @@ def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord
         temperature=temperature,
         correct=correct,
         entropies=None if entropies is None else gather(entropies.float()),
+        extras={name: gather(value) for name, value in (extras or {}).items()},
     )

@@ -1,0 +1,65 @@
+"""Extra per-token inputs of advantage strategies, computed at generation by a registered provider.
+
+A strategy that needs a per-token tensor the trainer does not compute itself (e.g. a teacher model's log-probabilities
+of the sampled tokens, for on-policy distillation) names it in ``AdvantageStrategy.needs_inputs``; a provider
+registered under that name supplies it, and the advantage pipeline hands it to the strategy gathered over processes as
+``GenerationBatch.extras[name]`` (B, T). Neither the trainer nor the strategy set is edited for a new input:
+
+    from sharpgrpo.training.generation.inputs import register_generation_input
+
+    @register_generation_input("teacher_logps")
+    def teacher_logps(trainer):                 # called once, when the trainer is built
+        teacher = load_teacher(trainer.args)    # e.g. from a config field the strategy declares
+        def provide(output):                    # every generation batch, on every process
+            return teacher_logps_of(teacher, output)   # (B_local, T_local) float, one row per local completion
+        return provide
+
+A provider is a factory ``factory(trainer) -> provide``; ``provide(output)`` receives TRL's generation output of this
+process (``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``, ...) and returns a (B, T) tensor
+aligned with ``completion_ids``. Providers live in modules of this package (``sharpgrpo.training.generation``),
+which the registry imports before a lookup; a provider elsewhere is named by its dotted import path. The config refuses
+a strategy whose input is not registered (``StrategySet.check_config``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sharpgrpo.registry import Registry
+
+
+def _load_providers() -> None:
+    import sharpgrpo.training.generation as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
+GENERATION_INPUTS: Registry[Callable[[Any], Callable[[dict[str, Any]], torch.Tensor]]] = Registry(
+    "generation input", load=_load_providers
+)
+register_generation_input = GENERATION_INPUTS.register
+
+
+def input_providers(trainer, names: tuple[str, ...]) -> dict[str, Callable[[dict[str, Any]], torch.Tensor]]:
+    """The providers of ``names`` for ``trainer``, each factory called once."""
+    return {name: GENERATION_INPUTS.get(name)(trainer) for name in names}
+
+
+def provided_inputs(providers: dict[str, Callable], output: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Each provider's (B, T) tensor for this process's rows of ``output``; a wrong shape is refused naming it."""
+    expected = tuple(output["completion_ids"].shape)
+    values = {}
+    for name, provide in providers.items():
+        value = provide(output)
+        if not torch.is_tensor(value) or tuple(value.shape) != expected:
+            shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise ValueError(f"Generation input {name!r} returned {shape}; expected a tensor of shape {expected} "
+                             "(one value per completion token).")
+        values[name] = value.detach()
+    return values

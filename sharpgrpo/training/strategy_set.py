@@ -1,0 +1,219 @@
+"""The configured strategies as one object, built once from the config: which ones there are (by kind), what they
+need at generation, which advantage strategy folds into the loss, how the loss strategies' terms combine, their
+checkpoint state, and the rules for composing them (checked while the config is built).
+
+Every question "which configured strategies need what" is answered here (``StrategySet.needs``), so the trainer's
+hooks, the telemetry and the model card ask one object instead of re-deriving it from the strategy list.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, LossContext, LossTerms, TokenWeightStrategy
+from sharpgrpo.strategies.loss_types import RATIO_PLACEMENT_LOSS_TYPES
+from sharpgrpo.strategy_params import StrategyParams
+from sharpgrpo.training.generation.entropy_inputs import strategy_loss_weights
+from sharpgrpo.training.generation.inputs import GENERATION_INPUTS
+from sharpgrpo.training.loss.terms import collect_loss_terms
+from sharpgrpo.training.output_checks import StrategyOutputChecker
+from sharpgrpo.validation import ConfigError
+
+KINDS = ("weight", "advantage", "loss")
+# LossTerms fields that at most one selected loss strategy may set (the others combine: masks multiply, terms add).
+EXCLUSIVE_LOSS_TERMS = ("clip_range", "sequence_loss")
+
+
+@dataclass(frozen=True)
+class GenerationNeeds:
+    """What the advantage strategies run at generation read besides TRL's batch (``GenerationBatch`` fields).
+
+    Attributes:
+        old_logps: the sampling policy's log-probabilities (``needs_old_logps``).
+        hidden_states: last hidden states and the unembedding (``needs_hidden_states``).
+        entropies: the sampling policy's per-token entropy (``needs_entropies``).
+        correctness: each completion's verdict (``needs_correctness``; runs the answer checks).
+        inputs: names of extra per-token inputs (``needs_inputs``), each supplied by a registered generation input
+            (`sharpgrpo.training.generation.inputs`) into ``GenerationBatch.extras``.
+    """
+
+    old_logps: bool = False
+    hidden_states: bool = False
+    entropies: bool = False
+    correctness: bool = False
+    inputs: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, strategies: Sequence[Any]) -> GenerationNeeds:
+        return cls(
+            old_logps=any(getattr(s, "needs_old_logps", False) for s in strategies),
+            hidden_states=any(getattr(s, "needs_hidden_states", False) for s in strategies),
+            entropies=any(getattr(s, "needs_entropies", False) for s in strategies),
+            correctness=any(getattr(s, "needs_correctness", False) for s in strategies),
+            inputs=tuple(dict.fromkeys(name for s in strategies for name in getattr(s, "needs_inputs", ()))),
+        )
+
+
+class StrategySet:
+    """The strategies named in ``args.strategies``, built once (``__init__``), in the configured order.
+
+    Attributes:
+        names: the configured names (registered names or dotted paths).
+        classes: name -> class.
+        weight: the token-weight strategy, or None (at most one: ``check_config``).
+        advantage: the advantage strategies, in order.
+        loss: (name, strategy) of each loss strategy, in order.
+        checker: checks what the strategies return (``sharpgrpo.training.output_checks``).
+    """
+
+    def __init__(self, args: Any):
+        self.names = list(args.strategies)
+        self.classes = {name: STRATEGIES.get(name) for name in self.names}
+        built = [(name, self.classes[name](args)) for name in self.names]
+        self.weight: TokenWeightStrategy | None = next((s for _, s in built if s.kind == "weight"), None)
+        self.advantage: list[AdvantageStrategy] = [s for _, s in built if s.kind == "advantage"]
+        self.loss: list[tuple[str, Any]] = [(name, s) for name, s in built if s.kind == "loss"]
+        self.checker = StrategyOutputChecker(self.classes)
+
+    # --- what they are -------------------------------------------------------------------------------------------
+    def all(self) -> list:
+        """Every strategy object, weight first (the checkpoint's and the card's order)."""
+        return ([self.weight] if self.weight else []) + list(self.advantage) + [s for _, s in self.loss]
+
+    def names_of(self, kind: str) -> list[str]:
+        return [name for name in self.names if self.classes[name].kind == kind]
+
+    def split(self, trl_computes_old_logps: bool) -> tuple[list[AdvantageStrategy], AdvantageStrategy | None]:
+        """``(advantage strategies run at generation, the one folded into the loss or None)``: the last strategy is
+        applied in the loss instead when it ``folds_into_loss`` and training is on-policy (TRL computes no old
+        log-probabilities): its factor of the loss's own detached probabilities then equals p_old exactly."""
+        last = self.advantage[-1] if self.advantage else None
+        if last is not None and last.folds_into_loss and not trl_computes_old_logps:
+            return self.advantage[:-1], last
+        return list(self.advantage), None
+
+    def needs(self, trl_computes_old_logps: bool) -> GenerationNeeds:
+        """What the strategies run at generation need (old log-probabilities only where TRL computes none)."""
+        return GenerationNeeds.of(self.split(trl_computes_old_logps)[0])
+
+    @staticmethod
+    def head_readers(classes: dict[str, type]) -> list[str]:
+        """The configured names whose strategy reads the hidden states and the LM head (the launch checks)."""
+        return [name for name, cls in classes.items() if getattr(cls, "needs_hidden_states", False)]
+
+    def loss_logps_temperature(self) -> float | None:
+        return getattr(self.weight, "loss_logps_temperature", None)
+
+    # --- in the loss ---------------------------------------------------------------------------------------------
+    def token_weights(self, logps: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
+                      entropies: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight strategy's w for one micro-batch (detached unless its ``loss_weights`` lets gradient through;
+        it sees the detached per-token entropies where it takes them) and the output checker's device count of
+        invalid values."""
+        weights = strategy_loss_weights(self.weight, logps, mask, advantages, entropies)
+        return weights, self.checker.count_bad_weights(self.weight, weights, logps, mask)
+
+    def loss_terms(self, context: LossContext
+                   ) -> tuple[LossTerms | None, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The loss strategies' combined terms (None without loss strategies), their metrics (0-d device tensors)
+        and each strategy's per-token terms, named ``<strategy>/<field>`` (the telemetry's columns)."""
+        if not self.loss:
+            return None, {}, {}
+        return collect_loss_terms(self.loss, context)
+
+    # --- checkpoints ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, dict]:
+        return {type(s).__name__: s.state_dict() for s in self.all()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        for strategy in self.all():
+            if type(strategy).__name__ in state:
+                strategy.load_state_dict(state[type(strategy).__name__])
+
+    # --- composition rules (while the config is built) -----------------------------------------------------------
+    @staticmethod
+    def check_config(args: Any) -> None:
+        """Relations between the config's fields and its strategies, before any model loads: the strategies resolve,
+        at most one is a weight strategy, loss strategies compose (``check_loss_compositions``), a weight placed in
+        the ratio has a per-token ratio to scale, every needed generation input is registered; then the strategies'
+        own checks (``check_params`` of every registered one, ``check_config`` of each selected one) and a warning
+        for a strategy parameter that none of the selected strategies reads."""
+        try:
+            classes = [STRATEGIES.get(name) for name in args.strategies]
+        except ValueError as error:  # an unknown name or a dotted path that does not import
+            raise ConfigError(f"strategies={args.strategies}: {error}") from None
+        kinds = [getattr(cls, "kind", None) for cls in classes]
+        for name, kind in zip(args.strategies, kinds, strict=True):
+            if kind not in KINDS:
+                raise ValueError(f"Strategy {name!r} has kind {kind!r}; expected 'weight', 'advantage' or 'loss'.")
+        if kinds.count("weight") > 1:
+            raise ValueError(f"At most one token-weight strategy may be active; got {args.strategies}.")
+        check_loss_compositions(args.strategies, classes)
+        if args.weight_placement == "ratio" and "weight" in kinds and args.loss_type not in RATIO_PLACEMENT_LOSS_TYPES:
+            raise ConfigError(
+                f"weight_placement=ratio: not defined for loss_type={args.loss_type} (its surrogate weights whole "
+                "sequences by the sequence's importance ratio, with no per-token ratio for the token weight to "
+                "scale); set weight_placement: loss or another loss_type."
+            )
+        for name, cls in zip(args.strategies, classes, strict=True):
+            for needed in getattr(cls, "needs_inputs", ()):
+                if needed not in GENERATION_INPUTS:
+                    raise ConfigError(
+                        f"strategies: {name} needs the generation input {needed!r}, which is not registered "
+                        f"(registered: {', '.join(GENERATION_INPUTS.names()) or 'none'}; "
+                        "sharpgrpo.training.generation.inputs.register_generation_input)."
+                    )
+        for name in STRATEGIES.names():
+            STRATEGIES.get(name).check_params(args)
+        for cls in classes:
+            cls.check_config(args)
+        warn_unread_strategy_params(args, classes)
+
+
+def warn_unread_strategy_params(args: Any, classes: Sequence[type]) -> None:
+    """A strategy parameter set away from its default that none of the selected strategies reads (``params``)
+    warns, naming the strategies it belongs to: ``thr_p: 0.1`` with ``strategies: grpo_sg`` does nothing."""
+    read = {name for cls in classes for name in getattr(cls, "params", ())}
+    owners: dict[str, list[str]] = {}
+    for name in STRATEGIES.names():
+        for parameter in getattr(STRATEGIES.get(name), "params", ()):
+            owners.setdefault(parameter, []).append(name)
+    for f in fields(StrategyParams):
+        value = getattr(args, f.name)
+        if f.name in read or f.name not in owners or value == f.default:
+            continue
+        warnings.warn(
+            f"{f.name}={value!r} is not read by strategies={args.strategies}: it is a parameter of "
+            f"{', '.join(owners[f.name])}; it has no effect in this run.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def check_loss_compositions(names: list[str], classes: list[type]) -> None:
+    """Refuse, in one line naming both strategies, a composition the loss does not define: two loss strategies that
+    set the same exclusive ``LossTerms`` field (the per-token clip range; a sequence objective), or a sequence-level
+    objective (GMPO) beside any other strategy (a token weight, token advantages or a token mask have no place in a
+    sequence's geometric mean)."""
+    for i, (name, cls) in enumerate(zip(names, classes, strict=True)):
+        sets = getattr(cls, "sets", frozenset()) if getattr(cls, "kind", None) == "loss" else frozenset()
+        for other, other_cls in zip(names[i + 1:], classes[i + 1:], strict=True):
+            other_sets = getattr(other_cls, "sets", frozenset()) if other_cls.kind == "loss" else frozenset()
+            shared = [field for field in EXCLUSIVE_LOSS_TERMS if field in sets and field in other_sets]
+            if shared:
+                raise ConfigError(
+                    f"strategies: {name} and {other} both set the loss's {shared[0].replace('_', ' ')}; the "
+                    "composition is not defined, choose one."
+                )
+            for first, first_sets, second in ((name, sets, other), (other, other_sets, name)):
+                if "sequence_loss" in first_sets:
+                    raise ConfigError(
+                        f"strategies: {first} (a sequence-level objective) cannot be combined with {second}: the "
+                        f"composition is not defined (its per-token terms have no place in {first}'s sequence "
+                        "ratio); use it alone."
+                    )
