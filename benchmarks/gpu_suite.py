@@ -342,6 +342,7 @@ def ratios_part(mode: dict, model, tokenizer, deadline: float) -> dict:
             peaks = {n: None for n in names}
             rows, round_index = None, 0
             while True:
+                round_started = time.perf_counter()
                 if args.device == "cuda":  # as step_bench_real.py; on the CPU it would cost more than a dry round
                     gc.collect()
                 for name in rotated(names, round_index):
@@ -350,6 +351,8 @@ def ratios_part(mode: dict, model, tokenizer, deadline: float) -> dict:
                         times[name].append(elapsed)
                         peaks[name] = peak if peaks[name] is None else max(peaks[name], peak)
                 round_index += 1
+                if round_index > 1:  # the first round pays the warm-up; later ones estimate the next
+                    seconds_per_round = time.perf_counter() - round_started
                 timed = round_index - cfg["warmup"]
                 if timed >= min_rounds:
                     rows = summarise(times, primary, args)
