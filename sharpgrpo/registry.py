@@ -66,8 +66,11 @@ class Registry(Generic[T]):
             return self._entries[name_or_path]
         if "." in name_or_path or ":" in name_or_path:
             return import_from_path(name_or_path)
+        from sharpgrpo.validation import did_you_mean
+
         raise ValueError(
-            f"Unknown {self.kind} {name_or_path!r}. Valid names: {', '.join(sorted(self._entries))}; "
+            f"Unknown {self.kind} {name_or_path!r}{did_you_mean(name_or_path, self._entries)}. Valid names: "
+            f"{', '.join(sorted(self._entries))}; "
             "or give a dotted import path such as 'my_package.my_module.my_object'."
         )
 

@@ -88,6 +88,15 @@ class Rule:
             raise ConfigError(f"{name}={_fmt(value)}: must be {self.describe()}.")
 
 
+def did_you_mean(name: Any, choices, cutoff: float = 0.6) -> str:
+    """`` (did you mean X?)`` naming the closest of ``choices`` to a mistyped ``name``, or "" when none is close: the
+    one hint every mistyped name gets (options, config keys, strategies, rewards, configs, columns)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
@@ -169,6 +178,11 @@ def validate_arguments(fn: Any, kwargs: Mapping[str, Any], label: str) -> None:
             rule.check(f"{label}.{name}", kwargs[name])
 
 
+# Clip ranges are applied to float32 (or bf16) ratios: a bound beyond float32's range (3.4e38) cannot be converted and
+# fails at the first step; far below it a range already clips nothing.
+FLOAT32_SAFE = 1e30
+_CLIP_NOTE = "the ratio is clipped in float32, whose largest value is 3.4e38 (1e3 already clips nothing)"
+
 # TRL / transformers fields whose bad values would otherwise surface only after the model loads (or never).
 # Where a rule is stricter than TRL 1.16's config (which accepts any value of the field's type), the README's
 # "Stricter than TRL" list says why; tests/test_validation.py keeps that list and these rules in step.
@@ -193,9 +207,11 @@ TRL_FIELD_RULES: dict[str, Rule] = {
     "steps_per_generation": integer(1, allow_none=True),
     "num_iterations": integer(1),
     "beta": non_negative(),
-    "epsilon": non_negative(),
-    "epsilon_high": non_negative(allow_none=True),
-    "delta": positive(allow_none=True),
+    "epsilon": between(0, FLOAT32_SAFE, note=_CLIP_NOTE),
+    "epsilon_high": between(0, FLOAT32_SAFE, allow_none=True, note=_CLIP_NOTE),
+    "delta": between(0, FLOAT32_SAFE, low_open=True, allow_none=True, note=_CLIP_NOTE),
+    "save_steps": positive(note="a number of steps, or a fraction in (0, 1) of the run's steps; 0 never saves"),
+    "logging_steps": positive(note="a number of steps, or a fraction in (0, 1) of the run's steps"),
     "top_entropy_quantile": between(0, 1),
     "off_policy_mask_threshold": non_negative(allow_none=True),
 }

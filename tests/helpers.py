@@ -97,3 +97,21 @@ def generate_batch(trainer: SharpGRPOTrainer, capture: bool) -> dict:
     trainer.args.generation_capture = capture
     torch.manual_seed(3)
     return trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+
+
+def disk_listing(root: str | Path) -> dict[str, tuple[int, str]]:
+    """Everything under ``root``: each file's path relative to ``root`` -> (size, sha256 of its bytes), each folder
+    -> (-1, ""). Two listings are equal only when nothing was added, removed or changed, so a test of a refused
+    command compares the listing before and after it."""
+    import hashlib
+
+    root = Path(root)
+    listing: dict[str, tuple[int, str]] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_dir() and not path.is_symlink():
+            listing[name] = (-1, "")
+        else:
+            data = path.read_bytes() if path.is_file() else b""
+            listing[name] = (len(data), hashlib.sha256(data).hexdigest())
+    return listing

@@ -105,7 +105,7 @@ def test_config_flag_without_value_is_one_line():
         ('num_generations: "eight"', [], r"^num_generations: invalid int value: 'eight'"),
         ("", ["--bf16", "maybe"], r"^bf16: Truthy value expected: got maybe"),
         ("", ["--max_steps", "ten"], r"^max_steps: invalid int value: 'ten'"),
-        ("stratgies: equal", [], r"stratgies is not a field of train.py \(did you mean strategies\?\)"),
+        ("stratgies: equal", [], r"stratgies is not a field of sharpgrpo train \(did you mean strategies\?\)"),
     ],
 )
 def test_type_errors_are_one_line_naming_field_and_value(tmp_path, yaml_line, args, fragment, restore_environment):

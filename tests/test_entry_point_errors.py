@@ -168,3 +168,155 @@ def test_a_second_interrupt_is_one_line_not_a_traceback(capsys, monkeypatch):
     assert stop.value.code == 130
     err = capsys.readouterr().err
     assert err.startswith("error: interrupted (Ctrl-C)") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Nothing lost (issue 42): a refused command leaves every file as it was (sizes and sha256 before and after), and
+# nothing is removed or replaced before every input is checked.
+
+
+def _fake_checkpoint(folder: Path, model: str, step: int, max_steps: int, without: tuple[str, ...] = ()) -> Path:
+    """A checkpoint folder as transformers and sharpgrpo write it (weights, trainer state, optimizer, scheduler,
+    random and strategy states; no completion marker, so the pieces every checkpoint holds are what is checked),
+    without the files named in ``without``."""
+    import json
+
+    import torch
+
+    shutil.copytree(model, folder)  # weights, config and tokenizer
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": max_steps,
+                                                           "log_history": []}))  # fmt: skip
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "sharpgrpo_strategy_state.pt"):
+        torch.save({"state": 1}, folder / name)
+    for name in without:
+        (folder / name).unlink()
+    return folder
+
+
+@pytest.fixture
+def kept(tmp_path, tiny_model_path):
+    """A user's files and a sharpgrpo run: folders a refused command must leave exactly as they were."""
+    from sharpgrpo.run.output_dir import TRAIN_COMMAND, write_output_marker
+
+    run = tmp_path / "run"
+    from sharpgrpo.run.lifecycle import COMPLETE_MARKER
+
+    for step in (2, 4):
+        _fake_checkpoint(run / f"checkpoint-{step}", tiny_model_path, step=step, max_steps=4)
+        (run / f"checkpoint-{step}" / COMPLETE_MARKER).write_text(f"step {step}\n")
+    shutil.copy(Path(tiny_model_path) / "model.safetensors", run / "model.safetensors")  # the final model
+    (run / "trainer_state.json").write_text('{"global_step": 4, "max_steps": 4, "log_history": []}')
+    write_output_marker(run, TRAIN_COMMAND, argv=["--config", "demo"])
+    _fake_checkpoint(tmp_path / "partial" / "checkpoint-1", tiny_model_path, step=1, max_steps=4,
+                     without=("optimizer.pt",))  # fmt: skip
+    model = tmp_path / "my_model"  # a model folder of the user's own: config.json, weights
+    shutil.copytree(tiny_model_path, model)
+    (tmp_path / "one_prompt.jsonl").write_text('{"prompt": "letters: a b\\nword:", "allowed": "ab"}\n')
+    (tmp_path / "rewards_of_mine.py").write_text(
+        "not_callable = 3\n"
+        "def needs_answer(prompts, completions, answer, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    (tmp_path / "nested.yaml").write_text(Path(DEMO).read_text().replace(
+        "reward_funcs: [allowed_letters]", "reward_funcs: [[allowed_letters]]"))  # fmt: skip
+    (tmp_path / "null_model.yaml").write_text(Path(DEMO).read_text().replace(
+        "model_name_or_path: sharpgrpo-tiny", "model_name_or_path: null"))  # fmt: skip
+    return tmp_path
+
+
+def _train(tmp: Path, output: str, *args: str) -> list[str]:
+    return ["train", "--config", DEMO, "--output_dir", str(tmp / output), "--max_steps", "4", "--dataset_kwargs",
+            "{num_prompts: 16}", *args]
+
+
+# (case, argv from the folder, strings the one error line must contain)
+KEPT_CASES = [
+    ("overwrite a folder sharpgrpo did not write", lambda t: _train(t, "my_model", "--overwrite_output_dir", "true"),
+     ["output_dir=", "my_model", "sharpgrpo train did not write", "config.json"]),
+    ("overwrite a run that holds this run's model", lambda t: _train(
+        t, "run", "--overwrite_output_dir", "true", "--model_name_or_path", str(t / "run" / "checkpoint-4")),
+     ["would delete an input of this run", "model_name_or_path=", "checkpoint-4"]),
+    ("overwrite a run, then an input is missing", lambda t: _train(
+        t, "run", "--overwrite_output_dir", "true", "--dataset_name", str(t / "missing.jsonl"), "--dataset_kwargs",
+        "{}"), ["missing.jsonl"]),
+    ("a run's output_dir is not a checkpoint", lambda t: _train(t, "run", "--resume_from_checkpoint", str(t / "run")),
+     ["is not a checkpoint", "checkpoint-4"]),
+    ("a checkpoint missing a piece", lambda t: _train(t, "partial", "--resume_from_checkpoint",
+                                                      str(t / "partial" / "checkpoint-1")),
+     ["lacks optimizer.pt", "--allow_incomplete_resume true"]),
+    ("resume a finished run", lambda t: _train(t, "run", "--resume_from_checkpoint", "true"),
+     ["is at step 4 and max_steps=4", "nothing left to train"]),
+    ("fewer prompts than one batch", lambda t: _train(t, "new", "--dataset_name", str(t / "one_prompt.jsonl"),
+                                                      "--dataset_kwargs", "{}"),
+     ["one_prompt.jsonl", "1 prompt(s), fewer than one batch needs (2"]),
+    ("an empty model name", lambda t: _train(t, "new", "--model_name_or_path", ""), ["model_name_or_path=''"]),
+    ("a null model name", lambda t: ["train", "--config", str(t / "null_model.yaml"), "--output_dir", str(t / "new")],
+     ["model_name_or_path=None"]),
+    ("save_steps 0", lambda t: _train(t, "new", "--save_steps", "0"), ["save_steps=0"]),
+    ("a clip range past float32", lambda t: _train(t, "new", "--epsilon", "1e300"), ["epsilon=1e+300"]),
+    ("a reward entry that is not callable", lambda t: _train(t, "new", "--reward_funcs", "rewards_of_mine.not_callable"),
+     ["reward_funcs[0]='rewards_of_mine.not_callable'", "is a int, not a function"]),
+    ("a nested list of rewards", lambda t: ["train", "--config", str(t / "nested.yaml"), "--output_dir", str(t / "new")],
+     ["reward_funcs[0]=['allowed_letters']", "nested list"]),
+    ("a reward that needs a column the data lacks", lambda t: _train(
+        t, "new", "--reward_funcs", "rewards_of_mine.needs_answer"), ["needs_answer", "answer", "lacks"]),
+    ("a mistyped strategy", lambda t: _train(t, "new", "--strategies", "grpo_gs"), ["grpo_gs", "did you mean grpo_sg?"]),
+    ("a mistyped config name", lambda t: ["train", "--config", "dmeo"], ["dmeo", "did you mean demo?"]),
+    ("a mistyped reward", lambda t: _train(t, "new", "--reward_funcs", "alowed_letters"),
+     ["did you mean allowed_letters?"]),
+]
+
+
+@pytest.mark.parametrize("case, argv, named", KEPT_CASES, ids=[c[0] for c in KEPT_CASES])
+def test_a_refused_command_changes_nothing_on_disk(case, argv, named, kept, capsys, monkeypatch, restore_environment):
+    from helpers import disk_listing
+
+    monkeypatch.syspath_prepend(str(kept))  # the user's own reward module
+    before = disk_listing(kept)
+    line = run_command(argv(kept), capsys, monkeypatch)
+    missing = [text for text in named if text not in line]
+    assert not missing, f"{case}: the error names none of {missing}: {line}"
+    assert not line.startswith("error: ValueError"), line
+    assert disk_listing(kept) == before, case
+
+
+def test_an_incomplete_checkpoint_resumes_only_when_asked_and_warns(kept, tiny_model_path):
+    from sharpgrpo.run.lifecycle import CheckpointError, check_checkpoint, resolve_resume_checkpoint
+
+    partial = kept / "partial" / "checkpoint-1"
+    with pytest.raises(CheckpointError, match=r"lacks optimizer.pt \(the optimizer state"):
+        check_checkpoint(partial)
+    with pytest.warns(UserWarning, match=r"allow_incomplete_resume: .* lacks optimizer.pt"):
+        assert resolve_resume_checkpoint(str(partial), str(kept / "partial"), allow_missing=True) == str(partial)
+
+
+def test_errors_name_the_command_the_user_ran(monkeypatch):
+    from sharpgrpo.run.config_parser import train_command
+
+    monkeypatch.setattr(sys, "argv", ["sharpgrpo train", "--config", "demo"])
+    assert train_command() == "sharpgrpo train"
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train.py")])
+    assert train_command() == "python train.py"
+    monkeypatch.setattr(sys, "argv", [str(REPO / "sharpgrpo" / "cli" / "train.py")])  # python -m sharpgrpo.cli.train
+    assert train_command() == "sharpgrpo train"
+
+
+def test_a_refusal_is_printed_once_under_several_processes(monkeypatch, capsys):
+    """Under a launcher every process raises the same refusal: the main process prints it, the others exit quietly
+    with the same status; an error of one process alone is printed by it, naming it."""
+    from sharpgrpo.run.errors import one_line_errors
+    from sharpgrpo.validation import ConfigError
+
+    monkeypatch.delenv("SHARPGRPO_DEBUG", raising=False)
+    printed = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(SystemExit) as stop, one_line_errors(["train.py"]):
+            raise ConfigError("sg_tau=-1: must be a finite number > 0.")
+        assert stop.value.code == 1
+        printed[rank] = capsys.readouterr().err
+    assert printed["0"].startswith("error: sg_tau=-1") and printed["0"].count("\n") == 1
+    assert printed["1"] == ""
+    with pytest.raises(SystemExit) as stop, one_line_errors(["train.py"]):
+        raise OSError("disk full")
+    assert stop.value.code == 1 and capsys.readouterr().err.startswith("error: process 1: OSError: disk full")

@@ -343,7 +343,10 @@ def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str,
     completion by completion (matched by prompt and completion index)."""
     if any(column not in frame for _, frame, _ in runs):
         available = sorted(c for c in runs[0][1].columns if runs[0][1][c].dtype.kind in "fiub")
-        raise ValueError(f"--shade {column!r}: not a column of the telemetry; numeric columns: {', '.join(available)}")
+        from sharpgrpo.validation import did_you_mean
+
+        raise ValueError(f"--shade {column!r}: not a column of the telemetry{did_you_mean(column, available)}; "
+                         f"numeric columns: {', '.join(available)}")  # fmt: skip
     values = np.concatenate([frame[column].to_numpy(dtype=np.float64) for _, frame, _ in runs])
     colour = shader(values, column)
     title = " vs ".join(label for label, _, _ in runs)

@@ -15,13 +15,12 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sharpgrpo.validation import ConfigError, Rule
+from sharpgrpo.validation import ConfigError, Rule, did_you_mean
 
 _ARGUMENT = re.compile(r"^argument (\S+?)(?:/\S+)*: (.*)$", re.DOTALL)
 _INVALID = re.compile(r"^invalid (\w+) value: (.*)$", re.DOTALL)
@@ -46,9 +45,7 @@ def unknown_option_error(argv: Sequence[str], known: Iterable[str], command: str
     for name in option_names(argv):
         if name in known:
             continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        return ConfigError(f"{name}: no such option of {command}{hint}; see {command} --help.")
+        return ConfigError(f"{name}: no such option of {command}{did_you_mean(name, known)}; see {command} --help.")
     return None
 
 

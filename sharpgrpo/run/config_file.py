@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from sharpgrpo.validation import ConfigError
+from sharpgrpo.validation import ConfigError, did_you_mean
 
 MAX_EXPANDED_NODES = 100_000  # far above any real config (configs/ have < 200 values)
 CONFIG_FLAG = "--config"
@@ -168,8 +168,9 @@ def resolve_config_path(value: str) -> str:
     if value.endswith((".yaml", ".yml")):
         return value  # a file name that does not exist: read_yaml names it
     raise ConfigError(
-        f"{CONFIG_FLAG}={value!r}: no such file, and no shipped config of that name (shipped: "
-        f"{', '.join(shipped_config_names())}); give the path of a YAML config file."
+        f"{CONFIG_FLAG}={value!r}: no such file, and no shipped config of that name"
+        f"{did_you_mean(name, shipped_config_names())} (shipped: {', '.join(shipped_config_names())}); give the path "
+        "of a YAML config file."
     )
 
 

@@ -9,14 +9,25 @@ the value instead of argparse's usage block; an unknown config key or command-li
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
+import sys
+
+from pathlib import Path
 
 from trl import TrlParser
 
 from sharpgrpo.run.config_file import CONFIG_FLAG, config_path_from_args, env_block, read_config
-from sharpgrpo.validation import ConfigError
+from sharpgrpo.validation import ConfigError, did_you_mean
+
+
+def train_command() -> str:
+    """How the user started training, for the errors' "see ... --help": ``python train.py`` (the repository's
+    script) or ``sharpgrpo train`` (the installed command, ``python -m sharpgrpo train``, ``-m sharpgrpo.cli.train``)."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("")
+    if script.name == "train.py" and script.parent.name != "cli":
+        return "python train.py"
+    return "sharpgrpo train"
 
 _ARGUMENT = re.compile(r"^argument --(\w+)(?:/--[\w-]+)*: (.*)$", re.DOTALL)
 
@@ -52,16 +63,15 @@ class ConfigParser(TrlParser):
             if remaining and fail_with_unknown_args and not return_remaining_strings:
                 fields = [action.dest for action in self._actions]
                 unknown = [key for key in config if key not in fields]
-                close = difflib.get_close_matches(unknown[0], fields, n=1) if unknown else []
+                hint = did_you_mean(unknown[0], fields) if unknown else ""
                 raise ConfigError(
-                    f"config={path!r}: {', '.join(unknown) or remaining[0]} is not a field of train.py"
-                    + (f" (did you mean {close[0]}?)" if close else "")
-                    + "; see python train.py --help."
+                    f"config={path!r}: {', '.join(unknown) or remaining[0]} is not a field of {train_command()}{hint}"
+                    f"; see {train_command()} --help."
                 )
         if fail_with_unknown_args and not return_remaining_strings:  # a mistyped flag names the closest field
             from sharpgrpo.run.command_line import unknown_option_error
 
-            unknown = unknown_option_error(args, self._option_string_actions, "train.py")
+            unknown = unknown_option_error(args, self._option_string_actions, train_command())
             if unknown is not None:
                 raise unknown
         output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)

@@ -1,5 +1,9 @@
 """One-line errors for every command: any error of a command's body is printed as one ``error:`` line after the
-progress bars are closed, and the full traceback with ``--debug`` or ``SHARPGRPO_DEBUG=1``."""
+progress bars are closed, and the full traceback with ``--debug`` or ``SHARPGRPO_DEBUG=1``.
+
+Several processes (``accelerate launch``, torchrun): a refusal every process raises alike (a config or input error,
+an error the processes agreed on) is printed by the main process only; the others exit quietly with the same
+status. An error of one process alone is printed by that process, naming it."""
 
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ def one_line_errors(argv: list[str] | None = None):
     except SystemExit as stop:  # a message given to SystemExit ("error: ..."): printed after the progress bars
         if isinstance(stop.code, str):
             close_progress_bars()
-            print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
+            if _prints(shared=True):
+                print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
             sys.exit(1)
         raise
     except KeyboardInterrupt:  # a second Ctrl-C stops at once (the first one asks for a checkpoint): no traceback
@@ -48,15 +53,39 @@ def one_line_errors(argv: list[str] | None = None):
             close_progress_bars()
             raise
         close_progress_bars()
-        print(error_line(error), file=sys.stderr)
+        shared = bool(getattr(error, "names_itself", False) or getattr(error, "everywhere", False))
+        if _prints(shared):
+            print(error_line(error, process=None if shared else _process_rank()), file=sys.stderr)
         sys.exit(1)
 
 
-def error_line(error: BaseException) -> str:
-    """The one line an error prints: ``error: <message> (full traceback: ...)``."""
+def _process_rank() -> int | None:
+    """This process's rank under a multi-process launch (the launcher's ``RANK``), None when alone."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None or not rank.isdigit() or world in ("", "1"):
+        return None
+    return int(rank)
+
+
+def _prints(shared: bool) -> bool:
+    """Whether this process prints an error: always when alone or the main process; another process prints only an
+    error of its own (``shared``: every process raised it alike, so the main process's line says it)."""
+    rank = _process_rank()
+    return rank is None or rank == 0 or not shared
+
+
+# Built-in errors whose message names what is wrong by itself: no ``ValueError:`` in front of the line.
+_PLAIN = (ValueError,)
+
+
+def error_line(error: BaseException, process: int | None = None) -> str:
+    """The one line an error prints: ``error: <message> (full traceback: ...)``; ``process``: the rank of the
+    process it happened on, when it happened on one process of several."""
     message = " ".join(str(error).split()) or repr(error)
-    prefix = "" if getattr(error, "names_itself", False) else f"{type(error).__name__}: "
-    return f"error: {prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)"
+    plain = getattr(error, "names_itself", False) or (type(error) in _PLAIN and str(error).strip())
+    prefix = "" if plain else f"{type(error).__name__}: "
+    where = f"process {process}: " if process is not None else ""
+    return f"error: {where}{prefix}{message} (full traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1)"
 
 
 def exit_together(error: BaseException, is_main_process: bool, wait_for_everyone) -> None:

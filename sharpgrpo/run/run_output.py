@@ -78,9 +78,27 @@ def training_summary(trainer, interrupted: bool = False) -> str:
             f"; mean reward {first:.3f} over {_step_span(history[:n])} -> {last:.3f} over {_step_span(history[-n:])}"
             f" (each mean covers {n} of the {len(history)} logged steps)"
         )
+    head += constant_reward_note(trainer.state.log_history)
     if interrupted:
         return f"{head}; checkpoint and trainer_state.json in {out}; continue with --resume_from_checkpoint true"
     return f"{head}; model, trainer_state.json and plots in {out}"
+
+
+def constant_reward_note(log_history: list[dict]) -> str:
+    """What the summary says when no group ever had two different rewards (TRL's ``frac_reward_zero_std`` 1 at every
+    logged step): every advantage was 0, so the policy loss trained nothing (a reward that cannot tell these
+    completions apart, e.g. one that fails to parse any of them)."""
+    fractions = [entry["frac_reward_zero_std"] for entry in log_history
+                 if isinstance(entry.get("frac_reward_zero_std"), (int, float))]  # fmt: skip
+    if not fractions or min(fractions) < 1.0:
+        return ""
+    rewards = sorted({round(float(e["reward"]), 6) for e in log_history if isinstance(e.get("reward"), (int, float))})
+    said = f"{rewards[0]:g} " if len(rewards) == 1 else ""
+    return (
+        f"; WARNING: the reward was the same {said}for every completion of every group at all {len(fractions)} "
+        "logged steps, so every advantage was 0 and the policy loss trained nothing; check that the reward function "
+        "can tell these completions apart"
+    )
 
 
 def check_process_count() -> None:
@@ -94,6 +112,6 @@ def check_process_count() -> None:
         raise SystemExit(
             "error: `accelerate launch --num_processes N` started ONE process: without a config file or "
             "`--multi_gpu`, accelerate only launches several processes when it sees several GPUs. On the CPU use "
-            "`accelerate launch --multi_gpu --num_processes 2 --mixed_precision no train.py --config ...` (with "
+            "`accelerate launch --multi_gpu --num_processes 2 --mixed_precision no -m sharpgrpo train --config ...` (with "
             "`use_cpu: true`, gloo), or `--config_file configs/accelerate/multi_gpu.yaml --num_processes 2`."
         )
