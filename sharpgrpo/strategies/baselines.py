@@ -147,6 +147,7 @@ class RLOOStrategy(_BaselineStrategy):
     """RLOO's leave-one-out advantage (docs/methods.md §15.1), broadcast over tokens (padding included; the loss masks
     it). Metric: ``rloo/frac_zero_advantage`` (completions whose advantage is exactly 0: groups with equal rewards)."""
 
+    metrics = ("rloo/frac_zero_advantage",)
     paper = StrategyPaper(
         "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs",
         "Ahmadian et al. 2024, Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human "
@@ -173,6 +174,7 @@ class ReinforcePPStrategy(_BaselineStrategy):
     ``algorithm.gamma``: every loss token's return is the reward) whitened over the batch's loss tokens; 0 on padding.
     Metrics: ``reinforce_pp/return_mean`` and ``reinforce_pp/return_std`` (the whitening statistics)."""
 
+    metrics = ("reinforce_pp/return_mean", "reinforce_pp/return_std")
     paper = _REINFORCE_PP_PAPER
     gamma = 1.0
 
@@ -189,6 +191,7 @@ class ReinforcePPBaselineStrategy(_BaselineStrategy):
     """REINFORCE++-baseline (docs/methods.md §15.2): reward minus the group's mean, whitened over the batch's loss
     tokens; 0 on padding. Metrics: ``reinforce_pp_baseline/return_mean`` and ``reinforce_pp_baseline/return_std``."""
 
+    metrics = ("reinforce_pp_baseline/return_mean", "reinforce_pp_baseline/return_std")
     paper = _REINFORCE_PP_PAPER
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
