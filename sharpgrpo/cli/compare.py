@@ -116,7 +116,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if len(set(labels)) != len(labels) or len({s.slug for s in specs}) != len(specs):
             raise ConfigError(f"--strategies={labels}: lists an entry twice.")
         _validate_strategy_names(specs)
-        check_output_folder("--output", args.output)
+        # run.output_dir: the rule of every writer; a comparison continues only with the same config, --set and eval
+        settings = {"config": str(Path(args.config).resolve()), "set": [list(o) for o in overrides],
+                    "eval": [args.eval_task, args.eval_limit, [list(o) for o in eval_set]]}  # fmt: skip
+        check_output_folder("--output", args.output, command="sharpgrpo compare", settings=settings)
 
         output = Path(args.output)
         threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
@@ -131,6 +134,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if os.sep in args.python:  # the runs start in the repository root: a relative interpreter path is from here
         args.python = str(Path(args.python).absolute())
     interrupted = False
+    from sharpgrpo.run.output_dir import claim_output_target
+
+    claim_output_target(output, command="sharpgrpo compare", settings=settings)  # every run was checked first
     if args.report_only:
         for run in runs:
             reason = run.stale_reason()

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                ("--compare_step", args.compare_step, integer(0, allow_none=True)),
                                ("--max_groups", args.max_groups, integer(1))):
         rule.check(label, value)
-    check_output_folder("--output", args.output)
+    check_output_folder("--output", args.output, command=parser.prog)  # run.output_dir: the rule of every writer
     if args.telemetry:
         return _telemetry_main(args)
     scores = None
@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     overrides = {**settings, **dict(args.overrides)}
     run_temperature = overrides.pop("temperature", None)  # analyze_tokens' own argument
     temperature = run_temperature if args.temperature is None else args.temperature
+    from sharpgrpo.run.output_dir import claim_output_target
+
+    claim_output_target(args.output, command="sharpgrpo tokens")  # every input checked: the folder is this command's
     model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
     result = analyze_tokens(
         model, tokenizer, prompts, completions, strategy=strategy, temperature=temperature, scores=scores,
@@ -215,8 +218,9 @@ def _telemetry_main(args) -> dict[str, Any]:
     column = args.shade or _default_column(meta, frame)
     selected = [(label, select_tokens(f, groups=groups or None, token_filter=args.filter,
                                       max_groups=None if groups else args.max_groups), m) for label, f, m in runs]
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
+    from sharpgrpo.run.output_dir import claim_output_target
+
+    output = claim_output_target(args.output, command="sharpgrpo tokens")  # inputs read: the folder is this command's
     page = write_telemetry_page(output / "tokens.html", selected, column, args.filter)
     figure = plot_telemetry(frame, output / "telemetry.png", f"{runs[0][0]}: {', '.join(meta['strategies'])}")
     result = {

@@ -114,8 +114,16 @@ def check_input_path(label: str, value: Any, kind: str) -> None:
         raise ConfigError(f"{label}={str(value)!r}: {path.resolve()} is a file; give a folder.")
 
 
-def check_output_folder(label: str, value: Any) -> None:
-    """An output folder: not a file, not below a file (it is created when the command writes)."""
+def check_output_folder(label: str, value: Any, command: str | None = None, settings: Any = None) -> None:
+    """An output folder: not a file, not below a file (it is created when the command writes). With ``command``,
+    the one rule of every writing command as well (:func:`sharpgrpo.run.output_dir.check_output_target`: a new or
+    empty folder, or one ``command`` wrote, with the same ``settings`` where given); the command then calls
+    :func:`sharpgrpo.run.output_dir.claim_output_target` when it starts writing."""
+    if command is not None:
+        from sharpgrpo.run.output_dir import check_output_target
+
+        check_output_target(value, command=command, label=label, settings=settings)
+        return
     path = Path(str(value)).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{label}={str(value)!r}: {path.resolve()} is a file; give a folder.")
