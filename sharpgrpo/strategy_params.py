@@ -22,6 +22,8 @@ VOCAB_MODES = ("full", "sampled")
 ARCHER_KL_MEANS = ("split", "token")
 GTPO_LEVELS = ("token", "sequence")
 GTPO_NORMALIZATIONS = ("group", "separate")
+ROLLOUT_IS_LEVELS = ("token", "sequence", "geometric", "none")
+ROLLOUT_IS_HANDLING = ("truncate", "mask")
 
 
 class _RuledField(dataclasses.Field):
@@ -276,6 +278,36 @@ class StrategyParams:
     ktae_scale: float = param(
         1.0, "`ktae`: the key-token score is (sigmoid(s) - 0.5) * 2 * scale, in (-scale, scale) (released `top`).",
         non_negative(),
+    )
+
+    # Rollout correction between the sampling engine (vLLM) and the trainer (docs/methods.md, "Rollout correction").
+    # Defaults: verl's RolloutCorrectionConfig (verl/trainer/config/algorithm.py) and its decoupled_seq_is preset.
+    rollout_is: str = param(
+        "sequence",
+        "`rollout_correction`: importance-weight level of pi_old / pi_rollout: `token`, `sequence` (product over the "
+        "completion), `geometric` (its geometric mean) or `none` (rejection and diagnostics only). verl: sequence.",
+        one_of(*ROLLOUT_IS_LEVELS),
+    )
+    rollout_is_threshold: float = param(
+        2.0, "`rollout_correction`: C, the weights' cap (truncate) or cut-off (mask). verl: 2.0.", positive(),
+    )
+    rollout_is_handling: str = param(
+        "truncate", "`rollout_correction`: `truncate` (TIS, min(w, C); verl) or `mask` (MIS, w 1[w <= C]).",
+        one_of(*ROLLOUT_IS_HANDLING),
+    )
+    rollout_is_batch_normalize: bool = param(
+        False, "`rollout_correction`: divide the weights by their batch mean (verl's rollout_is_batch_normalize).",
+        one_of(False, True),
+    )
+    rollout_rs: str = field(  # checked by the strategy's check_params (parsed as verl parses it)
+        default="none", metadata={"help":
+        "`rollout_correction`/`rollout_correction_bypass`: rejection options, comma separated (token_k1..3, "
+        "seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/k3; verl's rollout_rs), or `none`."},
+    )
+    rollout_rs_threshold: str | None = field(
+        default=None, metadata={"help":
+        "`rollout_correction`/`rollout_correction_bypass`: bounds of `rollout_rs`, one or one per option: K1 "
+        "'lower_upper' ratio bounds (one number: upper, lower its reciprocal), K2/K3 an upper bound (verl)."},
     )
 
     def __post_init__(self):

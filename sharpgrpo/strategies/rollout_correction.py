@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 
 SAFETY_BOUND = 20.0  # rollout_corr_helper.py line 74: |log r| clamped before exp
 IS_LEVELS = ("token", "sequence", "geometric")
@@ -252,3 +256,176 @@ def rejected_fractions(keep: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Te
     ``rollout_rs_masked_fraction`` and ``rollout_rs_seq_masked_fraction`` (rollout_corr_helper.py lines 343-347)."""
     rejected = mask.bool() & ~keep.bool()
     return _masked_mean(rejected.to(keep.dtype), mask), rejected.any(dim=-1).to(keep.dtype).mean()
+
+
+def truncated_support_logps(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+    min_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled tokens' log-probabilities on the support a truncating sampler kept, and the log of the kept mass.
+
+    A sampler that truncates (``top_k`` > 0, ``top_p`` < 1, ``min_p`` > 0) draws from the temperature-scaled
+    distribution renormalised over the tokens it keeps, ``q(y) = p(y) / S`` with ``S`` the kept mass; vLLM reports
+    ``log q`` (``logprobs_mode="processed_logprobs"``, as TRL starts it), the trainer computes ``log p`` over the whole
+    vocabulary, so ``log p - log q = log S`` for every token: the truncated-support bias of TRL's importance ratio
+    (trl#6789). Replaying the truncation on the trainer's logits gives ``log q`` back. The kept set is built as vLLM
+    0.31's sampler builds it (``vllm/v1/sample/sampler.py`` ``Sampler.sample``: temperature, then min-p, then
+    ``apply_top_k_top_p_pytorch`` in ``vllm/v1/sample/ops/topk_topp_sampler.py``: top-k, then top-p over the
+    top-k-renormalised distribution, keeping at least the most likely token); the sampled token always counts as kept
+    (a token at the boundary may fall either side by float rounding).
+
+    Shapes: ``logits`` (B, T, V), ``tokens`` (B, T) -> (``log q`` (B, T), ``log S`` (B, T)).
+    """
+    scaled = logits.float() / temperature
+    full = torch.log_softmax(scaled, dim=-1)
+    kept = torch.ones_like(scaled, dtype=torch.bool)
+    if min_p > 0:
+        kept &= full >= full.max(dim=-1, keepdim=True).values + math.log(min_p)
+    if 0 < top_k < scaled.shape[-1]:
+        kth = scaled.masked_fill(~kept, -math.inf).topk(top_k, dim=-1).values[..., -1:]
+        kept &= scaled >= kth
+    if top_p < 1:
+        truncated = torch.log_softmax(scaled.masked_fill(~kept, -math.inf), dim=-1)
+        ordered, order = truncated.sort(dim=-1, descending=False)
+        below = torch.cumsum(ordered.exp(), dim=-1) <= 1 - top_p
+        below[..., -1] = False
+        kept &= ~torch.zeros_like(below).scatter(-1, order, below)
+    kept.scatter_(-1, tokens.unsqueeze(-1), True)
+    log_kept_mass = torch.logsumexp(full.masked_fill(~kept, -math.inf), dim=-1)
+    token_logps = full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return token_logps - log_kept_mass, log_kept_mass
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The registered strategies: thin adapters over the functions above.
+# ----------------------------------------------------------------------------------------------------------------------
+ROLLOUT_CORRECTION_PAPER = StrategyPaper(
+    title="When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch",
+    citation="""@misc{liu2025speedkills,
+    title  = {{When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch}},
+    author = {Liu, Jiacai and Li, Yingru and Fu, Yuqian and Wang, Jiawei and Liu, Qian and Shen, Yu},
+    year   = {2025},
+    url    = {https://richardli.xyz/rl-collapse}
+}""",
+)
+
+
+def rejection_setting(args: Any) -> str | None:
+    """``rollout_rs`` as the functions take it: None for ``none`` or empty."""
+    value = str(getattr(args, "rollout_rs", "none") or "none").strip()
+    return None if value.lower() == "none" else value
+
+
+class _RolloutCorrection(TokenLossStrategy):
+    paper = ROLLOUT_CORRECTION_PAPER
+
+    @classmethod
+    def check_params(cls, args: Any) -> None:
+        """``rollout_rs`` and ``rollout_rs_threshold`` parse as verl parses them (one line naming the field)."""
+        from sharpgrpo.validation import ConfigError
+
+        options = rejection_setting(args)
+        if options is None:
+            return
+        if args.rollout_rs_threshold is None or not str(args.rollout_rs_threshold).strip():
+            raise ConfigError(f"rollout_rs_threshold is empty: rollout_rs={options!r} needs its bounds.")
+        try:
+            parse_rejection_thresholds(parse_rejection_options(options), args.rollout_rs_threshold)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """Needs vLLM's log-probabilities on the trainer's support, and replaces TRL's own vLLM correction."""
+        super().check_config(args)
+        from sharpgrpo.validation import ConfigError
+
+        name = cls.registered_name()
+        if not args.use_vllm:
+            raise ConfigError(f"strategies: {name} corrects for the sampling engine, whose per-token log-probabilities "
+                              "come only with use_vllm=True (transformers generation samples from the policy itself).")
+        if args.vllm_importance_sampling_correction:
+            raise ConfigError(f"strategies: {name} replaces TRL's vLLM importance-sampling correction; set "
+                              "vllm_importance_sampling_correction=false.")
+        truncating = [f"{key}={value}" for key, value, off in (("top_k", args.top_k, (0, -1, None)),
+                      ("top_p", args.top_p, (1.0, None)), ("min_p", args.min_p, (0.0, None))) if value not in off]
+        truncating += [f"generation_kwargs.{key}" for key in ("top_k", "top_p", "min_p")
+                       if key in (args.generation_kwargs or {})]
+        if truncating:
+            raise ConfigError(f"strategies: {name} with truncated sampling ({', '.join(truncating)}): vLLM's "
+                              "log-probabilities are then of the truncated, renormalised distribution, so every ratio "
+                              "carries log(kept mass) (trl#6789); sample without truncation.")
+
+    def _diagnostics(self, context: LossContext, log_r: torch.Tensor, weights: torch.Tensor | None,
+                     keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        mask = context.mask
+        metrics = {f"rollout_corr/{name}": value
+                   for name, value in mismatch_diagnostics(context.old_logps, context.sampling_logps, mask).items()
+                   if name in ("kl", "k3_kl", "chi2_token", "chi2_seq", "ppl_ratio", "log_ppl_abs_diff")}
+        if weights is not None:
+            level, threshold = self.args.rollout_is, self.args.rollout_is_threshold
+            metrics["rollout_corr/is_mean"] = _masked_mean(weights, mask)
+            metrics["rollout_corr/eff_sample_size"] = effective_sample_size(
+                raw_importance_weights(log_r, mask, level), mask, threshold)
+        token_fraction, sequence_fraction = rejected_fractions(keep, mask)
+        metrics["rollout_corr/rejected_fraction"] = token_fraction
+        metrics["rollout_corr/rejected_seq_fraction"] = sequence_fraction
+        return metrics
+
+    def _rejection(self, log_r: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        options = rejection_setting(self.args)
+        if options is None:
+            return mask.to(log_r.dtype)
+        return rejection_mask(log_r, mask, options, self.args.rollout_rs_threshold)
+
+    def _inputs(self, context: LossContext) -> torch.Tensor:
+        if context.sampling_logps is None:
+            raise ValueError(f"{self.registered_name()}: the batch carries no sampling log-probabilities (TRL's "
+                             "sampling_per_token_logps); it needs vLLM generation.")
+        sampling = torch.nan_to_num(context.sampling_logps, nan=0.0)
+        return log_ratio(context.old_logps.detach(), sampling).masked_fill(~context.mask.bool(), 0.0)
+
+
+@register_strategy("rollout_correction")
+class RolloutCorrection(_RolloutCorrection):
+    """Decoupled rollout correction (verl's ``bypass_mode=False``, three policies): the PPO ratio stays
+    ``pi_theta / pi_old`` and each token's policy term is weighted by ``w(pi_old / pi_rollout)`` and kept only where
+    the rejection bounds pass (``token_mask``). Composes with every weight, advantage and loss strategy."""
+
+    params = ("rollout_is", "rollout_is_threshold", "rollout_is_handling", "rollout_is_batch_normalize", "rollout_rs",
+              "rollout_rs_threshold")
+    sets = frozenset({"token_mask"})
+
+    def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+        log_r = self._inputs(context)
+        keep = self._rejection(log_r, context.mask)
+        weights = None
+        if self.args.rollout_is != "none":
+            weights = importance_weights(log_r, context.mask, self.args.rollout_is, self.args.rollout_is_threshold,
+                                         self.args.rollout_is_handling, self.args.rollout_is_batch_normalize)
+        factor = keep if weights is None else weights * keep
+        return LossTerms(token_mask=factor.detach()), self._diagnostics(context, log_r, weights, keep)
+
+
+@register_strategy("rollout_correction_bypass")
+class RolloutCorrectionBypass(_RolloutCorrection):
+    """Bypass rollout correction (verl's ``bypass_mode=True`` with ``loss_type="ppo_clip"``, two policies): the PPO
+    ratio becomes ``pi_theta / pi_rollout``, which is itself the importance weight (``rollout_is`` is not read), with
+    rejection by ``rollout_rs``. With ``w = pi_old / pi_rollout`` (detached), PPO's
+    ``min(w r A, clip(w r, 1 - eps_low, 1 + eps_high) A) = w min(r A, clip(r, (1 - eps_low) / w, (1 + eps_high) / w) A)``
+    for ``r = pi_theta / pi_old``: the factor ``w`` (``token_mask``) and a per-token clip range."""
+
+    params = ("rollout_rs", "rollout_rs_threshold")
+    sets = frozenset({"token_mask", "clip_range"})
+    loss_types = PPO_CLIP_LOSS_TYPES
+
+    def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
+        log_r = self._inputs(context)
+        keep = self._rejection(log_r, context.mask)
+        weights = torch.exp(log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        terms = LossTerms(token_mask=(weights * keep).detach(),
+                          epsilon_low=1.0 - (1.0 - context.epsilon_low) / weights,
+                          epsilon_high=(1.0 + context.epsilon_high) / weights - 1.0)
+        metrics = self._diagnostics(context, log_r, None, keep)
+        metrics["rollout_corr/bypass_ratio_mean"] = _masked_mean(weights, context.mask)
+        return terms, metrics

@@ -230,3 +230,50 @@ def test_bad_settings_are_refused_in_one_line():
         with pytest.raises(ValueError) as error:
             call()
         assert str(error.value).startswith(setting) and "\n" not in str(error.value)
+
+
+def replay_reference(logits_row, token, temperature, top_k, top_p, min_p):
+    """One position in float64 python: vLLM's kept set (min-p, then top-k, then top-p over the top-k-renormalised
+    distribution, at least the top token kept), the sampled token added; returns (log q(token), log S)."""
+    scaled = [float(v) / temperature for v in logits_row]
+    top = max(scaled)
+    z = sum(math.exp(v - top) for v in scaled)
+    p = [math.exp(v - top) / z for v in scaled]
+    kept = set(range(len(p)))
+    if min_p > 0:
+        kept = {i for i in kept if p[i] >= min_p * max(p)}
+    if top_k > 0:
+        kth = sorted((scaled[i] for i in kept), reverse=True)[min(top_k, len(kept)) - 1]
+        kept = {i for i in kept if scaled[i] >= kth}
+    if top_p < 1:
+        mass = sum(p[i] for i in kept)
+        ascending = sorted(kept, key=lambda i: p[i])
+        running, dropped = 0.0, set()
+        for position, i in enumerate(ascending):
+            running += p[i] / mass
+            if running <= 1 - top_p and position < len(ascending) - 1:
+                dropped.add(i)
+        kept -= dropped
+    kept.add(token)
+    kept_mass = sum(p[i] for i in kept)
+    return math.log(p[token] / kept_mass), math.log(kept_mass)
+
+
+@pytest.mark.parametrize("top_k, top_p, min_p", [(5, 1.0, 0.0), (0, 0.8, 0.0), (0, 1.0, 0.05), (7, 0.9, 0.02),
+                                                  (0, 1.0, 0.0)])
+def test_truncated_support_logps_against_a_loop(top_k, top_p, min_p):
+    generator = torch.Generator().manual_seed(11)
+    logits = 3 * torch.randn(3, 5, 20, generator=generator, dtype=D)
+    tokens = torch.randint(20, (3, 5), generator=generator)
+    logq, log_kept = rc.truncated_support_logps(logits, tokens, 0.9, top_k, top_p, min_p)
+    for i in range(3):
+        for t in range(5):
+            expected_logq, expected_log_kept = replay_reference(logits[i, t], int(tokens[i, t]), 0.9, top_k, top_p,
+                                                                min_p)
+            assert abs(float(logq[i, t]) - expected_logq) < 1e-5 and abs(float(log_kept[i, t]) - expected_log_kept) < 1e-5
+    full = torch.log_softmax(logits.float() / 0.9, dim=-1).gather(-1, tokens[..., None])[..., 0]
+    torch.testing.assert_close(full - logq.float(), log_kept.float())  # the bias is log S on every token
+    if (top_k, top_p, min_p) == (0, 1.0, 0.0):
+        assert log_kept.abs().max() < 1e-6  # no truncation: no bias
+    else:
+        assert log_kept.max() < -1e-3  # truncation: every token carries it
