@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_STRATEGIES = ("grpo_sg", "equal", "random", "reverse", "ar", "cw_grpo", "thr", "nthr", "passk_mixed",
                       "clip_cov", "kl_cov", "dppo_tv", "dppo_kl", "gmpo",
-                      "entropy_shaping", "gtpo", "ktae", "archer")
+                      "entropy_shaping", "gtpo", "ktae", "archer",
+                      "otb", "tir_otb")
 # What a strategy needs beyond the demo config: GMPO its own aggregation (`loss_type: grpo`); KL-Cov and DPPO act only
 # off-policy (docs/methods.md §10.1), so they train with two updates per generation batch.
 STRATEGY_OPTIONS = {

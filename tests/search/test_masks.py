@@ -63,9 +63,10 @@ def compact(parts):
 
 # Every registered advantage strategy (a new one is tested here without editing this file).
 ADVANTAGE_STRATEGIES = [name for name in STRATEGIES.names() if STRATEGIES.get(name).kind == "advantage"]
-# Statistics over the completions' tokens at the same position t (GTPO Eq. 3: the correct completions alive at t), so
-# removing a masked span moves the later tokens to other positions: only the masked tokens' content is tested.
-POSITION_ALIGNED = {"gtpo"}
+# Statistics over the completions' tokens at the same position t (GTPO Eq. 3: the correct completions alive at t; OTB's
+# baseline B[t], docs/methods.md §14, which `tir_otb` aligns by masked-in rank instead), so removing a masked span
+# moves the later tokens to other positions: only the masked tokens' content is tested.
+POSITION_ALIGNED = {"gtpo", "otb"}
 
 
 @pytest.fixture(scope="module")
