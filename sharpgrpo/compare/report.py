@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sharpgrpo.compare.runs import Run, shown_path
-from sharpgrpo.compare.stats import METRICS, curve_band, run_metrics, summarize
+from sharpgrpo.compare.stats import METRICS, curve_band, reward_range, run_metrics, summarize
 from sharpgrpo.diagnostics.curve_plots import ema
 from sharpgrpo.diagnostics.curves import load_log_history, metric_series
 from sharpgrpo.evaluation.report import markdown_table
@@ -46,7 +46,23 @@ def _interval(stats: dict[str, Any]) -> str:
         return "-"
     if stats["low"] is None:
         return f"{_number(stats['mean'])} (n={stats['n']})"
-    return f"{_number(stats['mean'])} [{_number(stats['low'])}, {_number(stats['high'])}]"
+    clipped = stats.get("clipped") or ()
+    low = _number(stats["low"]) + ("*" if "low" in clipped else "")
+    high = _number(stats["high"]) + ("*" if "high" in clipped else "")
+    return f"{_number(stats['mean'])} [{low}, {high}]"
+
+
+def _range_note(summary: dict[str, Any]) -> str:
+    """What the intervals are clipped to, and why (few seeds make a t interval wider than the quantity's range)."""
+    rewards = summary.get("ranges", {}).get("final_reward")
+    reward = f"[{_number(rewards[0])}, {_number(rewards[1])}], the range of the logged per-step rewards" if rewards \
+        else "not clipped (no reward logged)"  # fmt: skip
+    seeds = [len(entry["seeds"]) for entry in summary["strategies"].values() if entry["seeds"]]
+    few = (f" With {min(seeds)} seeds a Student-t interval is wide (2 seeds: 12.7 standard errors either side at 95%)."
+           if seeds and min(seeds) < 4 else "")  # fmt: skip
+    return (f"Intervals are clipped to the quantity's range, a clipped end marked `*`: rewards to {reward}; grad "
+            f"norms, spikes, entropies, weights and seconds to >= 0; accuracies to [0, 1]; paired differences of a "
+            f"bounded quantity to +-its range's width.{few}")
 
 
 def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> str:
@@ -63,6 +79,8 @@ def report_markdown(summary: dict[str, Any], runs: list[Run], command: str) -> s
             f"Per strategy: mean over seeds [{confidence}% Student-t interval]. Baseline for paired differences: "
             f"**{summary['baseline']}**. Spikes: grad norm above {summary['spike_factor']:g} x the run's median."
         ),
+        "",
+        _range_note(summary),
         "",
     ]
     failed = [r for r in runs if r.status == "failed"]
@@ -193,7 +211,9 @@ def write_report(
     """Aggregate the finished runs into ``summary.json``, ``report.md`` and the band plots; return the summary."""
     per_run, histories = collect(runs, spike_factor)
     baseline = runs[0].spec.label
-    summary = summarize(per_run, baseline, confidence)
+    ranges = reward_range([h for runs in histories.values() for h in runs.values()])
+    summary = summarize(per_run, baseline, confidence, ranges)
+    summary["ranges"] = {name: list(bounds) for name, bounds in ranges.items()}
     summary["spike_factor"] = spike_factor
     summary["command"] = command
     summary["runs"] = [

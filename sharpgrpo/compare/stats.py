@@ -224,6 +224,52 @@ def run_metrics(
     return metrics
 
 
+# The range each metric can take, for clipping its interval (with 2 seeds a 95% Student-t interval is 12.7 standard
+# errors wide: it claimed rewards above 1 and negative counts). None: no bound on that side. The rewards' range is
+# the runs' own (reward_range: a mean of logged rewards cannot leave the range of the logged values), given to
+# summarize() as ``ranges``.
+METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "grad_norm_mean": (0.0, None),
+    "grad_norm_cv": (0.0, None),
+    "grad_norm_spikes": (0.0, None),
+    "final_entropy": (0.0, None),
+    "entropy_auc": (0.0, None),
+    "weight_mean": (0.0, None),
+    "seconds_per_step": (0.0, None),
+    "eval_accuracy": (0.0, 1.0),
+}
+REWARD_METRICS = ("final_reward", "reward_auc")
+
+
+def metric_range(name: str, ranges: Mapping[str, tuple[float | None, float | None]] | None = None):
+    """``(low, high)`` bounds of a metric (either may be None): ``ranges`` first, then :data:`METRIC_RANGES`;
+    ``eval_pass@k`` is a fraction like ``eval_accuracy``."""
+    if ranges and name in ranges:
+        return ranges[name]
+    if name.startswith("eval_pass@"):
+        return (0.0, 1.0)
+    return METRIC_RANGES.get(name, (None, None))
+
+
+def reward_range(histories) -> dict[str, tuple[float, float]]:
+    """The reward metrics' range from the runs' logs: ``[min, max]`` of every logged per-step ``reward``."""
+    values = [v for history in histories for v in metric_series(history, "reward")[1]]
+    return {name: (min(values), max(values)) for name in REWARD_METRICS} if values else {}
+
+
+def clip_interval(interval: dict[str, Any], low: float | None, high: float | None) -> dict[str, Any]:
+    """``interval`` with ``low`` / ``high`` clipped to the bounds; ``clipped`` says which ends were (a list)."""
+    clipped = []
+    if interval.get("low") is not None and low is not None and interval["low"] < low:
+        interval["low"] = low
+        clipped.append("low")
+    if interval.get("high") is not None and high is not None and interval["high"] > high:
+        interval["high"] = high
+        clipped.append("high")
+    interval["clipped"] = clipped
+    return interval
+
+
 def metric_direction(name: str) -> int:
     """+1 when higher is better (rewards, accuracies, pass@k, entropy), -1 when lower is (grad norm, time)."""
     if name in METRICS:
@@ -232,14 +278,18 @@ def metric_direction(name: str) -> int:
 
 
 def summarize(
-    per_run: Mapping[str, Mapping[int, Mapping[str, Any]]], baseline: str, confidence: float = 0.95
-) -> dict[str, Any]:
+    per_run: Mapping[str, Mapping[int, Mapping[str, Any]]], baseline: str, confidence: float = 0.95,
+    ranges: Mapping[str, tuple[float | None, float | None]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Per strategy label: ``{metric: mean_interval}`` over its seeds, and for every label but the baseline
-    ``{metric: paired_difference vs baseline}``.
+    ``{metric: paired_difference vs baseline}``. Each interval is clipped to the metric's range
+    (:func:`metric_range`; a paired difference of a metric bounded on both sides to +-(high - low)), and says which
+    ends were clipped (``clipped``).
 
     Args:
         per_run: ``{label: {seed: run_metrics}}`` of the finished runs.
         baseline: the label the others are compared with.
+        ranges: bounds that override :data:`METRIC_RANGES` (e.g. :func:`reward_range` of the runs' logs).
     """
     names: list[str] = []
     for runs in per_run.values():
@@ -250,22 +300,28 @@ def summarize(
     for label, runs in per_run.items():
         strategies[label] = {
             "seeds": sorted(runs),
-            "metrics": {n: mean_interval([m.get(n) for m in runs.values()], confidence) for n in ordered},
+            "metrics": {n: clip_interval(mean_interval([m.get(n) for m in runs.values()], confidence),
+                                         *metric_range(n, ranges)) for n in ordered},  # fmt: skip
         }
     differences: dict[str, Any] = {}
     base_runs = per_run.get(baseline, {})
     for label, runs in per_run.items():
         if label == baseline:
             continue
-        differences[label] = {
-            n: paired_difference(
-                {s: m.get(n) for s, m in runs.items()},
-                {s: m.get(n) for s, m in base_runs.items()},
-                metric_direction(n),
-                confidence,
+        differences[label] = {}
+        for n in ordered:
+            low, high = metric_range(n, ranges)
+            span = high - low if low is not None and high is not None else None
+            differences[label][n] = clip_interval(
+                paired_difference(
+                    {s: m.get(n) for s, m in runs.items()},
+                    {s: m.get(n) for s, m in base_runs.items()},
+                    metric_direction(n),
+                    confidence,
+                ),
+                None if span is None else -span,
+                span,
             )
-            for n in ordered
-        }
     return {"baseline": baseline, "confidence": confidence, "metrics": ordered, "strategies": strategies,
             "differences": differences}  # fmt: skip
 

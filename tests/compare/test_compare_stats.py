@@ -145,3 +145,43 @@ def test_plotted_band_stays_within_the_runs_range():
     assert steps == [1, 2, 3] and means == pytest.approx([0.5, 0.25, 0.625])
     assert all(0.0 <= low <= mean <= high <= 1.0 for low, mean, high in zip(lows, means, highs, strict=True))
     assert lows[0] == 0.0 and highs[0] == 1.0 and MIN_RUNS_FOR_BAND > len(series)
+
+
+def test_table_intervals_are_clipped_to_the_quantity_range(tmp_path):
+    """Two seeds: the raw 95% t intervals leave the quantity's range (a reward above the logged maximum, negative
+    spikes and seconds); the table's intervals are clipped to it, the clipped ends marked, and the report says so."""
+    from sharpgrpo.compare.report import report_markdown
+    from sharpgrpo.compare.stats import clip_interval, metric_range, reward_range
+
+    histories = [[{"step": 1, "reward": 0.2}, {"step": 2, "reward": 1.0}], [{"step": 1, "reward": 0.0},
+                                                                            {"step": 2, "reward": 0.9}]]  # fmt: skip
+    ranges = reward_range(histories)
+    assert ranges == {"final_reward": (0.0, 1.0), "reward_auc": (0.0, 1.0)}
+    per_run = {
+        "equal": {0: {"final_reward": 1.0, "grad_norm_spikes": 0, "seconds_per_step": 0.1},
+                  1: {"final_reward": 0.9, "grad_norm_spikes": 1, "seconds_per_step": 0.3}},
+        "thr": {0: {"final_reward": 0.2, "grad_norm_spikes": 2, "seconds_per_step": 0.2},
+                1: {"final_reward": 0.0, "grad_norm_spikes": 0, "seconds_per_step": 0.2}},
+    }  # fmt: skip
+    summary = summarize(per_run, "equal", ranges=ranges)
+    for label, runs in per_run.items():
+        for name in ("final_reward", "grad_norm_spikes", "seconds_per_step"):
+            raw = mean_interval([m[name] for m in runs.values()])
+            shown = summary["strategies"][label]["metrics"][name]
+            low, high = metric_range(name, ranges)
+            assert shown["mean"] == pytest.approx(raw["mean"])
+            assert shown["low"] == pytest.approx(raw["low"] if low is None else max(raw["low"], low))
+            assert shown["high"] == pytest.approx(raw["high"] if high is None else min(raw["high"], high))
+            assert ("low" in shown["clipped"]) == (low is not None and raw["low"] < low)
+            assert ("high" in shown["clipped"]) == (high is not None and raw["high"] > high)
+    equal = summary["strategies"]["equal"]["metrics"]
+    assert equal["final_reward"]["high"] == 1.0 and equal["final_reward"]["clipped"] == ["high"]
+    assert equal["grad_norm_spikes"]["low"] == 0.0 and equal["seconds_per_step"]["low"] == 0.0
+    difference = summary["differences"]["thr"]["final_reward"]
+    assert difference["low"] == -1.0 and difference["clipped"] == ["low"]  # a reward difference lies in [-1, 1]
+    assert clip_interval({"low": None, "high": None}, 0.0, 1.0)["clipped"] == []
+    summary["spike_factor"], summary["ranges"] = 3.0, {k: list(v) for k, v in ranges.items()}
+    report = report_markdown(summary, [], "sharpgrpo compare ...")
+    assert "| equal | 2 | 0.95 [0.3147, 1*] |" in report
+    assert "Intervals are clipped to the quantity's range, a clipped end marked `*`: rewards to [0, 1]" in report
+    assert "With 2 seeds a Student-t interval is wide" in report
