@@ -7,10 +7,18 @@ Per response, the tokens whose entropy (of the policy being trained, detached) e
 
 * a per-token clip range: the ratio of a low-entropy token is clipped to [1 - eps_low^L, 1 + eps_high^L], of a
   high-entropy token to [1 - eps_low^H, 1 + eps_high^H] (released: 0.2 / 0.5, wider for the forks);
-* a per-token KL weight on beta * KL: 1 for low-entropy tokens, ``archer_high_entropy_kl_scale`` for high-entropy
-  ones (released: 0, no KL on the forks). With ``archer_kl_mean: split`` (the released code) the KL of each set is
-  averaged over that set's tokens, which per token is a weight N / N_L (resp. scale * N / N_H) on a token mean over
-  the N tokens of the micro-batch.
+* the KL of the low-entropy tokens times ``beta`` (the released ``kl_loss_coef``), of the high-entropy tokens times
+  ``archer_high_entropy_kl_scale``, which is the released ``high_entropy_kl_loss_scale_coef`` with its released
+  meaning: the high-entropy KL's own coefficient, used alone (released: 0, no KL on the forks), not a multiple of
+  ``beta``. The loss multiplies every token's KL by ``beta``, so the per-token weight on ``beta * KL`` is 1 for
+  low-entropy tokens and ``archer_high_entropy_kl_scale / beta`` for high-entropy ones. With ``archer_kl_mean:
+  split`` (the released code) the KL of each set is averaged over that set's tokens, which per token is a weight
+  N / N_L (resp. scale / beta * N / N_H) on a token mean over the N tokens of the micro-batch.
+
+The released loss's dual clip (``clip_ratio_c=10``: for A < 0 the loss is at most -A c) is TRL's ``delta``: with
+``delta: 10`` (any ``delta`` >= 1 + the largest epsilon_high) TRL's -min(min(r, delta) A, clip(r) A) equals verl's
+dual-clip loss token by token. The released KL is verl's ``low_var_kl`` (k3 without the importance ratio): TRL's
+default ``use_bias_correction_kl: true`` multiplies it by the ratio, so archer warns unless it is false.
 
 A loss-side strategy (``TokenLossStrategy``): ``loss_terms`` returns the per-token ``epsilon_low``,
 ``epsilon_high`` and ``kl_weight`` of ``LossTerms``; the loss applies them (``sharpgrpo.training.loss.surrogates``).
@@ -24,6 +32,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+from sharpgrpo.validation import ConfigError
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:
@@ -66,6 +75,13 @@ def archer_token_terms(entropies: torch.Tensor, mask: torch.Tensor, quantile: fl
     return eps_low, eps_high, kl_weight, high
 
 
+def high_entropy_kl_weight(high_entropy_kl_coef: float, beta: float) -> float:
+    """The weight on ``beta * KL`` of a high-entropy token that makes its KL's coefficient ``high_entropy_kl_coef``
+    (the released ``high_entropy_kl_loss_scale_coef``, used alone): coef / beta; 0 when beta is 0 (no KL term, and the
+    config refuses a coefficient > 0 there)."""
+    return float(high_entropy_kl_coef) / float(beta) if beta else 0.0
+
+
 @register_strategy("archer")
 class ArcherStrategy(TokenLossStrategy):
     """Archer (docs/methods.md §11.5): per-token clip ranges and KL weights by response-level entropy quantile.
@@ -85,6 +101,12 @@ class ArcherStrategy(TokenLossStrategy):
 
     @classmethod
     def check_config(cls, args: Any) -> None:
+        if args.beta == 0.0 and args.archer_high_entropy_kl_scale > 0:
+            raise ConfigError(
+                f"archer_high_entropy_kl_scale={args.archer_high_entropy_kl_scale:g} with beta=0: the high-entropy "
+                "tokens' KL needs the reference model, which TRL loads only with beta > 0 (the low-entropy tokens' "
+                "KL coefficient, the released kl_loss_coef); set beta > 0 or archer_high_entropy_kl_scale: 0."
+            )
         if args.beta == 0.0:
             warnings.warn(
                 "archer with beta=0: no KL term, so only the clip ranges differ by entropy; the released recipe "
@@ -92,6 +114,31 @@ class ArcherStrategy(TokenLossStrategy):
                 UserWarning,
                 stacklevel=2,
             )
+        elif getattr(args, "use_bias_correction_kl", False):
+            warnings.warn(
+                "archer with beta > 0 and use_bias_correction_kl=true (TRL's default) multiplies each token's KL by its "
+                "importance ratio; the released code's KL (verl low_var_kl) has no ratio, and the gradient differs "
+                "(13-34% at beta 0.04 in the issue's comparison). Set use_bias_correction_kl: false to train as "
+                "ArcherCodeR does.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @classmethod
+    def inert(cls, args: Any) -> str | None:
+        """Why archer would train exactly as plain GRPO with these settings (None when it does not): both entropy
+        sets get the same clip range and the same KL weight."""
+        same_clip = (args.archer_low_entropy_clip_low == args.archer_high_entropy_clip_low
+                     and args.archer_low_entropy_clip_high == args.archer_high_entropy_clip_high)  # fmt: skip
+        if not same_clip:
+            return None
+        if args.beta == 0.0:
+            return ("the low- and high-entropy tokens get the same clip range and beta=0 (no KL), so nothing depends "
+                    "on entropy")  # fmt: skip
+        if args.archer_kl_mean == "token" and args.archer_high_entropy_kl_scale == args.beta:
+            return ("the low- and high-entropy tokens get the same clip range and the same KL coefficient "
+                    "(archer_high_entropy_kl_scale = beta, archer_kl_mean: token)")  # fmt: skip
+        return None
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
         if context.entropies is None:
@@ -101,7 +148,7 @@ class ArcherStrategy(TokenLossStrategy):
             context.entropies, context.mask, args.archer_entropy_quantile,
             (args.archer_low_entropy_clip_low, args.archer_low_entropy_clip_high),
             (args.archer_high_entropy_clip_low, args.archer_high_entropy_clip_high),
-            args.archer_high_entropy_kl_scale, args.archer_kl_mean,
+            high_entropy_kl_weight(args.archer_high_entropy_kl_scale, args.beta), args.archer_kl_mean,
         )
         mask = context.mask.to(eps_low.dtype)
         count = mask.sum().clamp_min(1)

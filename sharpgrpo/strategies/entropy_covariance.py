@@ -187,6 +187,14 @@ class KLCov(TokenLossStrategy):
     sets = frozenset({"clip_range"})
 
     @classmethod
+    def inert(cls, args: Any) -> str | None:
+        """Why kl_cov would train exactly as plain GRPO (None when it acts): no penalty and the clip kept."""
+        if args.kl_cov_coef == 0 and args.kl_cov_keep_clip:
+            return ("kl_cov_coef=0 adds no penalty and kl_cov_keep_clip=true keeps the configured clip, so the loss is "
+                    "plain GRPO's")  # fmt: skip
+        return None
+
+    @classmethod
     def check_config(cls, args: Any) -> None:
         super().check_config(args)
         _warn_on_policy("kl_cov", "its penalty |log p - log p_old| is 0 with gradient 0, so kl_cov is the "

@@ -167,6 +167,13 @@ class KTAEStrategy(AdvantageStrategy):
                 "strength; set at least one > 0."
             )
 
+    @classmethod
+    def inert(cls, args: Any) -> str | None:
+        """Why ktae would add nothing to any advantage (None when it acts)."""
+        if args.ktae_scale == 0:
+            return "ktae_scale=0: every key-token score is (sigmoid(s) - 0.5) * 2 * 0 = 0, so no advantage changes"
+        return None
+
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         args: Any = self.args
         scores = torch.zeros_like(batch.advantages, dtype=torch.float64)

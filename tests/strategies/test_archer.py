@@ -16,6 +16,9 @@ the per-token clipped surrogate with per-token bounds and KL weights that it com
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import pytest
 import torch
 
@@ -123,7 +126,9 @@ def test_reproduces_the_released_loss_and_gradient_on_fixed_inputs():
     advantages = torch.randn(4, 1, generator=g, dtype=torch.float64).expand(4, 12)
     entropies = torch.rand(4, 12, generator=g, dtype=torch.float64) * 2
     for high_kl_coef in (0.0, 0.0005):
-        params = StrategyParams(archer_high_entropy_kl_scale=high_kl_coef / 0.001)
+        # archer_high_entropy_kl_scale is the released high_entropy_kl_loss_scale_coef itself (not a multiple of beta)
+        params = types.SimpleNamespace(**dataclasses.asdict(StrategyParams(archer_high_entropy_kl_scale=high_kl_coef)),
+                                       beta=0.001)
         context = LossContext(logp, old_logp, advantages, mask, entropies, 0.2, 0.2)
         terms, metrics = STRATEGIES.get("archer")(params).loss_terms(context)
         ours = ppo_loss_with_terms(logp, old_logp, ref_logp, advantages, mask, terms, beta=0.001)
@@ -145,3 +150,48 @@ def test_archer_warns_without_kl(tmp_path):
 
     with pytest.warns(UserWarning, match="archer with beta=0"):
         STRATEGIES.get("archer").check_config(cpu_config(tmp_path))
+
+
+def test_archer_settings_mean_what_the_released_names_say(tmp_path):
+    """archer_high_entropy_kl_scale is the released coefficient used alone: > 0 needs beta > 0 (the reference model),
+    TRL's default use_bias_correction_kl warns (the released KL has no ratio), and settings under which nothing
+    depends on entropy are declared inert."""
+    from helpers import cpu_config
+
+    from sharpgrpo.validation import ConfigError
+
+    archer = STRATEGIES.get("archer")
+    with pytest.raises(ConfigError, match=r"archer_high_entropy_kl_scale=0.0005 with beta=0"):
+        archer.check_config(cpu_config(tmp_path, archer_high_entropy_kl_scale=0.0005))
+    with pytest.warns(UserWarning, match="use_bias_correction_kl=true"):
+        archer.check_config(cpu_config(tmp_path, beta=0.001, use_bias_correction_kl=True))
+    import warnings
+
+    released = cpu_config(tmp_path, beta=0.001, use_bias_correction_kl=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        archer.check_config(released)
+    assert archer.inert(cpu_config(tmp_path, beta=0.001)) is None  # the released defaults act
+    same = dict(archer_high_entropy_clip_low=0.2, archer_high_entropy_clip_high=0.2)
+    assert "nothing depends on entropy" in archer.inert(cpu_config(tmp_path, **same))
+    assert archer.inert(cpu_config(tmp_path, beta=0.001, **same)) is None  # split KL means still differ by entropy
+    assert "same KL coefficient" in archer.inert(cpu_config(tmp_path, beta=0.001, archer_kl_mean="token",
+                                                            archer_high_entropy_kl_scale=0.001, **same))
+
+
+def test_trl_delta_reproduces_the_released_dual_clip():
+    """verl's dual clip (ArcherCodeR core_algos.py l. 590-611: for A < 0, min(max(-A r, -A clip(r)), -A c)) equals
+    TRL's two-sided clipping -min(min(r, delta) A, clip(r) A) with delta = c, token by token, whenever c >= 1 +
+    epsilon_high (the released c = 10, run_archer_qwen2.5_1.5b_code.sh l. 92)."""
+    g = torch.Generator().manual_seed(5)
+    ratio = torch.exp(torch.randn(4000, generator=g, dtype=torch.float64) * 1.5)  # ratios far beyond both bounds
+    advantages = torch.randn(4000, generator=g, dtype=torch.float64)
+    eps_low = torch.where(torch.rand(4000, generator=g) < 0.2, 0.5, 0.2).to(torch.float64)  # archer's two ranges
+    eps_high = eps_low.clone()
+    clipped = torch.minimum(torch.maximum(ratio, 1 - eps_low), 1 + eps_high)
+    c = 10.0
+    released_1 = torch.maximum(-advantages * ratio, -advantages * clipped)
+    released = torch.where(advantages < 0, torch.minimum(-advantages * c, released_1), released_1)
+    trl = -torch.minimum(torch.clamp(ratio, max=c) * advantages, clipped * advantages)
+    torch.testing.assert_close(trl, released, rtol=0, atol=0)
+    assert bool(((advantages < 0) & (ratio > c)).any())  # the dual clip binds on these inputs

@@ -113,8 +113,13 @@ def test_groups_without_both_outcomes_get_no_score():
         assert torch.equal(key_token_scores(ids, torch.ones(4, 6), correct, 1.0, 1.0), torch.zeros(4, 6, dtype=torch.float64))
 
 
-def released_ktae(responses, mask, rewards, eos=151643):
-    """KTAE's released advantage for one group (the reading in the module docstring), in float32."""
+def released_ktae(responses, mask, rewards, eos=151643, p_is_one=None):
+    """KTAE's released advantage for one group (the reading in the module docstring), in float32.
+
+    The released code maps p = 1 to F = 0 by comparing its float32 p with 1.0 exactly; where the exact p is 1 the
+    float32 sum of the table probabilities lands on 1.0 or one ulp beside it depending on the machine's lgamma and exp,
+    so that comparison is a discontinuity decided by rounding. ``p_is_one`` (a bool per token id, from the exact
+    rational test) decides it as exact arithmetic would; None keeps the released float comparison."""
     correct = rewards > 0
     n_c, n_w = int(correct.sum()), int((~correct).sum())
     scores = rewards.float()
@@ -138,7 +143,8 @@ def released_ktae(responses, mask, rewards, eos=151643):
         pk = torch.exp(lc(c1[:, None], ks) + lc((n - c1)[:, None], r1[:, None] - ks) - lc(n, r1)[:, None]) * inside
         pobs = torch.exp(lc(c1, a) + lc(n - c1, r1 - a) - lc(n, r1))
         p = torch.where((pk <= pobs[:, None]) & inside, pk, 0.0).sum(1)
-        fisher = torch.where(p != 1.0, torch.exp(-2 * p), 0.0)
+        one = (p == 1.0) if p_is_one is None else p_is_one[: len(p)]
+        fisher = torch.where(~one, torch.exp(-2 * p), 0.0)
 
         def ent(q):
             return -q * torch.where(q > 0, torch.log2(q), 0.0)
@@ -176,14 +182,38 @@ def test_reproduces_the_released_advantages_on_fixed_inputs():
     ])
     mask = (torch.tensor([5, 6, 6, 8, 5, 6])[:, None] > torch.arange(8)[None, :]).long()
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
-    released = released_ktae(responses, mask, rewards)
+    p_is_one = exact_p_is_one(responses, mask, rewards > 0)
+    released = released_ktae(responses, mask, rewards, p_is_one=p_is_one)
     grpo = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
     ours = grpo[:, None] * mask + key_token_scores(responses, mask, rewards > 0, 1.0, 1.0, True, 1.0,
                                                    ignored_token_ids=(151643,)).float() * mask
     torch.testing.assert_close(ours, released, rtol=1e-5, atol=1e-5)
+    # The released float comparison itself: it differs from ours at most on the tokens whose exact p is 1 (whichever
+    # way this machine's float32 rounds there), and at most by what F = exp(-2 p) instead of 0 changes there.
+    as_released = released_ktae(responses, mask, rewards)
+    at_p_one = p_is_one[responses] & mask.bool()
+    assert int(at_p_one.sum()) > 0  # the inputs have such tokens (ids 1, 2, 8 and the like)
+    torch.testing.assert_close(as_released[~at_p_one], ours[~at_p_one], rtol=1e-5, atol=1e-5)
+    f_not_zero = released_ktae(responses, mask, rewards, p_is_one=torch.zeros_like(p_is_one))
+    bound = float((f_not_zero - released).abs()[at_p_one].max())
+    assert 0.005 < bound < 0.1  # the size documented in docs/methods.md §11.4 (0.058 here)
+    assert float((as_released - ours).abs()[at_p_one].max()) <= bound + 1e-5
     # a key token: 4 is in all 3 correct completions and 1 incorrect one, 7 and 9 only in incorrect ones
     key = key_token_scores(responses, mask, rewards > 0, 1.0, 1.0)
     assert key[0, 3] > 0 and key[3, 1] < 0 and key[3, 3] < 0
+
+
+def exact_p_is_one(responses, mask, correct) -> torch.Tensor:
+    """Per token id: whether the exact (rational) two-sided Fisher p-value of its 2 x 2 table in the group is 1."""
+    n_c, n_w = int(correct.sum()), int((~correct).sum())
+    out = torch.zeros(int(responses.max()) + 1, dtype=torch.bool)
+    for v in set(responses.flatten().tolist()):
+        present = [bool(((responses[i] == v) & (mask[i] == 1)).any()) for i in range(len(correct))]
+        a = sum(p for p, c in zip(present, correct.tolist(), strict=True) if c)
+        b = sum(p for p, c in zip(present, correct.tolist(), strict=True) if not c)
+        if a + b:
+            out[v] = exact_fisher(a, b, n_c - a, n_w - b) == 1
+    return out
 
 
 def test_strategy_adds_scores_per_group_and_checks_alpha_plus_beta():
@@ -201,3 +231,11 @@ def test_strategy_adds_scores_per_group_and_checks_alpha_plus_beta():
     assert metrics["ktae/frac_groups_scored"] == 0.5
     with pytest.raises(ConfigError, match="ktae_alpha=0, ktae_beta=0"):
         STRATEGIES.get("ktae").check_params(StrategyParams(ktae_alpha=0.0, ktae_beta=0.0))
+
+
+def test_ktae_scale_zero_is_declared_inert(tmp_path):
+    from helpers import cpu_config
+
+    ktae = STRATEGIES.get("ktae")
+    assert ktae.inert(cpu_config(tmp_path)) is None
+    assert "ktae_scale=0" in ktae.inert(cpu_config(tmp_path, ktae_scale=0.0))
