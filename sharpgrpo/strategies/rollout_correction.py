@@ -296,9 +296,9 @@ def truncated_support_logps(
     return token_logps - log_kept_mass, log_kept_mass
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------------------------
 # The registered strategies: thin adapters over the functions above.
-# ----------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------------------------
 ROLLOUT_CORRECTION_PAPER = StrategyPaper(
     title="When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch",
     citation="""@misc{liu2025speedkills,
@@ -314,6 +314,10 @@ def rejection_setting(args: Any) -> str | None:
     """``rollout_rs`` as the functions take it: None for ``none`` or empty."""
     value = str(getattr(args, "rollout_rs", "none") or "none").strip()
     return None if value.lower() == "none" else value
+
+
+DIAGNOSTICS = ("kl", "k3_kl", "chi2_token", "chi2_seq", "ppl_ratio", "log_ppl_abs_diff")
+REJECTION_METRICS = ("rejected_fraction", "rejected_seq_fraction")
 
 
 class _RolloutCorrection(TokenLossStrategy):
@@ -342,8 +346,9 @@ class _RolloutCorrection(TokenLossStrategy):
 
         name = cls.registered_name()
         if not args.use_vllm:
-            raise ConfigError(f"strategies: {name} corrects for the sampling engine, whose per-token log-probabilities "
-                              "come only with use_vllm=True (transformers generation samples from the policy itself).")
+            raise ConfigError(f"strategies: {name} corrects for the sampling engine, whose per-token "
+                              "log-probabilities come only with use_vllm=True (transformers generation samples from "
+                              "the policy itself).")
         if args.vllm_importance_sampling_correction:
             raise ConfigError(f"strategies: {name} replaces TRL's vLLM importance-sampling correction; set "
                               "vllm_importance_sampling_correction=false.")
@@ -361,7 +366,7 @@ class _RolloutCorrection(TokenLossStrategy):
         mask = context.mask
         metrics = {f"rollout_corr/{name}": value
                    for name, value in mismatch_diagnostics(context.old_logps, context.sampling_logps, mask).items()
-                   if name in ("kl", "k3_kl", "chi2_token", "chi2_seq", "ppl_ratio", "log_ppl_abs_diff")}
+                   if name in DIAGNOSTICS}
         if weights is not None:
             level, threshold = self.args.rollout_is, self.args.rollout_is_threshold
             metrics["rollout_corr/is_mean"] = _masked_mean(weights, mask)
@@ -395,6 +400,8 @@ class RolloutCorrection(_RolloutCorrection):
     params = ("rollout_is", "rollout_is_threshold", "rollout_is_handling", "rollout_is_batch_normalize", "rollout_rs",
               "rollout_rs_threshold")
     sets = frozenset({"token_mask"})
+    metrics = tuple(f"rollout_corr/{name}"
+                    for name in (*DIAGNOSTICS, *REJECTION_METRICS, "is_mean", "eff_sample_size"))
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
         log_r = self._inputs(context)
@@ -412,11 +419,13 @@ class RolloutCorrectionBypass(_RolloutCorrection):
     """Bypass rollout correction (verl's ``bypass_mode=True`` with ``loss_type="ppo_clip"``, two policies): the PPO
     ratio becomes ``pi_theta / pi_rollout``, which is itself the importance weight (``rollout_is`` is not read), with
     rejection by ``rollout_rs``. With ``w = pi_old / pi_rollout`` (detached), PPO's
-    ``min(w r A, clip(w r, 1 - eps_low, 1 + eps_high) A) = w min(r A, clip(r, (1 - eps_low) / w, (1 + eps_high) / w) A)``
+    ``min(w r A, clip(w r, 1 - eps_low, 1 + eps_high) A)``
+    ``= w min(r A, clip(r, (1 - eps_low) / w, (1 + eps_high) / w) A)``
     for ``r = pi_theta / pi_old``: the factor ``w`` (``token_mask``) and a per-token clip range."""
 
     params = ("rollout_rs", "rollout_rs_threshold")
     sets = frozenset({"token_mask", "clip_range"})
+    metrics = tuple(f"rollout_corr/{name}" for name in (*DIAGNOSTICS, *REJECTION_METRICS, "bypass_ratio_mean"))
     loss_types = PPO_CLIP_LOSS_TYPES
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:

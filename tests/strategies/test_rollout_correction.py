@@ -42,7 +42,8 @@ def _verl_torch_functional() -> types.ModuleType:
     def distributed_masked_mean(local_tensor, local_mask):  # only reached under torch.distributed
         raise AssertionError("not used in one process")
 
-    module.masked_sum, module.masked_mean, module.distributed_masked_mean = masked_sum, masked_mean, distributed_masked_mean
+    module.masked_sum, module.masked_mean = masked_sum, masked_mean
+    module.distributed_masked_mean = distributed_masked_mean
     return module
 
 
@@ -141,7 +142,8 @@ def test_rejection_mask_matches_verl(verl, seed, options, threshold):
         statistic = rc.rejection_statistic(log_r, mask, option)
         bounds = [math.log(lower), math.log(upper)] if lower is not None else [upper]
         assert min((statistic - b).abs().min().item() for b in bounds) > 1e-9
-    theirs, metrics = verl.compute_rollout_rejection_mask(log_r, mask, rollout_rs=options, rollout_rs_threshold=threshold)
+    theirs, metrics = verl.compute_rollout_rejection_mask(log_r, mask, rollout_rs=options,
+                                                          rollout_rs_threshold=threshold)
     ours = rc.rejection_mask(log_r, mask, options, threshold)
     assert torch.equal(ours, theirs.to(D))
     token_fraction, sequence_fraction = rc.rejected_fractions(ours, mask)
@@ -270,7 +272,8 @@ def test_truncated_support_logps_against_a_loop(top_k, top_p, min_p):
         for t in range(5):
             expected_logq, expected_log_kept = replay_reference(logits[i, t], int(tokens[i, t]), 0.9, top_k, top_p,
                                                                 min_p)
-            assert abs(float(logq[i, t]) - expected_logq) < 1e-5 and abs(float(log_kept[i, t]) - expected_log_kept) < 1e-5
+            assert abs(float(logq[i, t]) - expected_logq) < 1e-5
+            assert abs(float(log_kept[i, t]) - expected_log_kept) < 1e-5
     full = torch.log_softmax(logits.float() / 0.9, dim=-1).gather(-1, tokens[..., None])[..., 0]
     torch.testing.assert_close(full - logq.float(), log_kept.float())  # the bias is log S on every token
     if (top_k, top_p, min_p) == (0, 1.0, 0.0):

@@ -37,7 +37,8 @@ def tiny_vllm_model() -> str:
 def shared_engine(monkeypatch):
     """Trainers of one test session share one real vLLM engine (starting one takes 15-25 s on 2 cores, and two at
     once would hold two caches): TRL's ``LLM`` is replaced by a function that starts the engine once, with TRL's
-    arguments (and ``dtype=ENGINE_DTYPE``), and hands the same engine to later trainers. Each trainer pushes its own policy into it at its first
+    arguments (and ``dtype=ENGINE_DTYPE``), and hands the same engine to later trainers. Each trainer pushes its own
+    policy into it at its first
     generation (TRL syncs when ``global_step != _last_loaded_step``, which starts at -1)."""
     import trl.generation.vllm_generation as trl_vllm
 

@@ -83,5 +83,5 @@ def check_vllm_request(args, cuda_available: bool | None = None) -> None:
         if not wait_for_vllm_server(url, args.vllm_server_timeout):
             setting = "vllm_server_base_url" if args.vllm_server_base_url else "vllm_server_host/vllm_server_port"
             raise ConfigError(f"{setting}: no vLLM server answers at {url}/health within vllm_server_timeout="
-                              f"{args.vllm_server_timeout:g} s; start one with `trl vllm-serve --model <model>` or fix "
-                              "the address.")
+                              f"{args.vllm_server_timeout:g} s; start one with `trl vllm-serve --model <model>` "
+                              "or fix the address.")

@@ -45,9 +45,10 @@ def sync_colocated_weights_layerwise(generation: Any) -> None:
 
 
 def use_layerwise_sync_where_needed(generation: Any) -> bool:
-    """Make ``generation`` (TRL's ``VLLMGeneration``) sync a colocated engine with :func:`sync_colocated_weights_layerwise`
-    where the platform repacks weights (vLLM's CPU backend); elsewhere leave TRL's ``sync_weights``. Returns whether it
-    was replaced. Server mode is left alone: the server loads weights in its own process (``trl vllm-serve``)."""
+    """Make ``generation`` (TRL's ``VLLMGeneration``) sync a colocated engine with
+    :func:`sync_colocated_weights_layerwise` where the platform repacks weights (vLLM's CPU backend); elsewhere leave
+    TRL's ``sync_weights``. Returns whether it was replaced. Server mode is left alone: the server loads weights in its
+    own process (``trl vllm-serve``)."""
     if generation is None or getattr(generation, "mode", None) != "colocate" or not vllm_platform_repacks_weights():
         return False
     generation.sync_weights = lambda: sync_colocated_weights_layerwise(generation)
