@@ -131,6 +131,8 @@ CASES = [
     ("serve port", lambda i: ["serve", "--corpus", str(i["tmp"] / "prompts.txt"), "--port", "-1"], ["--port -1"]),
     ("serve corpus", lambda i: ["serve", "--corpus", str(i["tmp"] / "corpus.jsonl")], ["corpus.jsonl"]),
     ("serve mistyped", lambda i: ["serve", "--corpus", "x.jsonl", "--prot", "1"], ["--prot", "--port"]),
+    ("serve port file folder", lambda i: ["serve", "--corpus", str(i["tmp"] / "prompts.txt"), "--port_file",
+                                          str(i["tmp"] / "no_folder" / "port")], ["--port_file", "no_folder", "does not exist"]),
 ]
 
 

@@ -247,6 +247,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_port_file(value: str) -> None:
+    """``--port_file`` can be written once the port is bound: not a folder, its folder exists and is writable (checked
+    before the port is bound, so a bad path never leaves a bound port behind a traceback)."""
+    from sharpgrpo.validation import ConfigError
+
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"--port_file={value!r}: is a folder; give a file path.")
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise ConfigError(f"--port_file={value!r}: its folder {folder.resolve()} {what}; give a file in an existing "
+                          "folder.")  # fmt: skip
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--port_file={value!r}: its folder {folder.resolve()} cannot be written.")
+
+
 def serve(corpus: str, retriever: str = "bm25", host: str = "127.0.0.1", port: int = 0, port_file: str | None = None,
           parent_pid: int | None = None, max_queries: int = MAX_QUERIES, max_body_bytes: int = MAX_BODY_BYTES) -> None:
     import uvicorn
@@ -353,8 +370,8 @@ def main(argv: list[str] | None = None) -> None:
         args = parser.parse_args(argv)
         if not args.corpus.startswith("shared:"):
             check_input_path("--corpus", args.corpus, "file")
-        if args.port_file is not None and Path(args.port_file).is_dir():
-            raise ConfigError(f"--port_file={args.port_file!r}: is a folder; give a file path.")
+        if args.port_file is not None:
+            check_port_file(args.port_file)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(1)
