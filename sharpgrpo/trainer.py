@@ -30,8 +30,8 @@ from sharpgrpo.config import SharpGRPOConfig
 from sharpgrpo.models.prepared import resolve_model_name
 from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
-from sharpgrpo.strategies.correctness import answer_verdicts
-from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord, advantage_pipeline, tag_groups
+from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord, advantage_pipeline, row_verdicts
+from sharpgrpo.training.generation.advantage_pipeline import tag_groups
 from sharpgrpo.training.generation.capture import GenerationCapture
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
 from sharpgrpo.training.generation.inputs import input_providers
@@ -144,21 +144,16 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _generation_strategies(self) -> list:
         return self.strategies.split(self._trl_computes_old_logps())[0]
 
-    def _needs(self) -> GenerationNeeds:
-        """What the advantage strategies run at generation need (`sharpgrpo.training.strategy_set`)."""
-        return GenerationNeeds.of(self._generation_strategies())
+    def _needs(self) -> GenerationNeeds:  # what the advantage strategies run at generation need
+        return self.strategies.needs(self._trl_computes_old_logps())
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._rank_failures.agree(self.accelerator)  # one all-reduce: a process whose reward raised stops them all
         self._generation.rewards_per_func = rewards_per_func  # gathered over all processes, global row order
-        if self._needs().correctness:
-            columns = {key: [example[key] for example in inputs] for key in inputs[0]
-                       if key not in ("prompt", "completion", "completion_ids")}
-            self._generation.answer_verdicts = answer_verdicts(
-                self.reward_funcs, prompts, completions,
-                {**columns, "completion_ids": completion_ids_list, "trainer_state": self.state},
-            )
+        if self._needs().correctness:  # the reward functions' answer checks (`sharpgrpo.strategies.correctness`)
+            self._generation.answer_verdicts = row_verdicts(self.reward_funcs, inputs, prompts, completions,
+                                                            completion_ids_list, self.state)
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -89,6 +89,7 @@ class ArcherStrategy(TokenLossStrategy):
     Metrics (device scalars): ``archer/frac_high_entropy`` (high-entropy share of the micro-batch's tokens),
     ``archer/entropy_threshold`` (mean per-response threshold), ``archer/kl_weight_mean``."""
 
+    metrics = ("archer/entropy_threshold", "archer/frac_high_entropy", "archer/kl_weight_mean")
     params = ("archer_entropy_quantile", "archer_low_entropy_clip_low", "archer_low_entropy_clip_high",
               "archer_high_entropy_clip_low", "archer_high_entropy_clip_high", "archer_high_entropy_kl_scale",
               "archer_kl_mean")

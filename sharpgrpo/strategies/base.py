@@ -114,6 +114,9 @@ class Strategy:
     kind: ClassVar[str] = ""
     params: ClassVar[tuple[str, ...]] = ()  # config fields it reads (model card)
     paper: ClassVar[StrategyPaper | None] = None
+    # The metrics it may log, by their logged names ("thr/tau"): what its ``token_advantages`` or ``loss_terms``
+    # returns, and a folded strategy's ``loss_factor_metric``. Logging another is refused naming the strategy.
+    metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, args: Any):
         self.args = args

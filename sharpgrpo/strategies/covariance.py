@@ -227,6 +227,10 @@ class CovarianceWeighting(AdvantageStrategy):
     weights are computed once per generation batch and reused by every optimisation step on it.
     """
 
+    metrics = (
+        "cw/weight_mean", "cw/weight_min", "cw/frac_below_0.5", "cw/sigma", "cw/kernel_mean",
+        "cw/frac_scopes_degenerate",
+    )
     params = ("cw_variant", "cw_weight_gradient", "cw_scope", "cw_advantage_mean", "cw_sigma_eps")
     paper = StrategyPaper(
         "Taming Extreme Tokens: Covariance-Aware GRPO with Gaussian-Kernel Advantage Reweighting",

@@ -137,6 +137,7 @@ class ClipCov(TokenLossStrategy):
     ``clip_cov_ub`` is removed (released) or detached (``clip_cov_keep_value``). The random keys come from a CPU
     generator seeded with ``seed`` + process index and checkpointed."""
 
+    metrics = ("clip_cov/frac_candidates", "clip_cov/frac_selected", "clip_cov/mean_cov", "clip_cov/mean_cov_selected")
     params = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "clip_cov_keep_value")
     paper = ENTROPY_MECHANISM_PAPER
     loss_types = PPO_CLIP_LOSS_TYPES
@@ -181,6 +182,7 @@ class KLCov(TokenLossStrategy):
     """KL-Cov: beta |log p - log p_old| added to the ``kl_cov_ratio`` tokens of largest c; as released, on the
     unclipped surrogate -r A (``kl_cov_keep_clip`` keeps the configured clip)."""
 
+    metrics = ("kl_cov/abs_log_ratio_selected", "kl_cov/frac_selected", "kl_cov/mean_cov_selected")
     params = ("kl_cov_ratio", "kl_cov_coef", "kl_cov_keep_clip")
     paper = ENTROPY_MECHANISM_PAPER
     loss_types = (*PPO_CLIP_LOSS_TYPES, "cispo")

@@ -123,6 +123,7 @@ class EntropyShapingStrategy(AdvantageStrategy):
     Metrics: ``entropy_shaping/bonus_mean`` (masked mean of the bonus), ``entropy_shaping/frac_capped`` (tokens whose
     bonus is the cap |A| / kappa), ``entropy_shaping/entropy_mean``."""
 
+    metrics = ("entropy_shaping/bonus_mean", "entropy_shaping/entropy_mean", "entropy_shaping/frac_capped")
     needs_old_logps = False
     needs_entropies = True
     params = ("entropy_shaping_alpha", "entropy_shaping_kappa")
@@ -154,6 +155,7 @@ class GTPOStrategy(AdvantageStrategy):
 
     Metrics: ``gtpo/frac_positive`` (tokens with A > 0), ``gtpo/abs_mean``, ``gtpo/entropy_mean``."""
 
+    metrics = ("gtpo/abs_mean", "gtpo/entropy_mean", "gtpo/frac_positive")
     needs_old_logps = False
     needs_entropies = True
     needs_correctness = True

@@ -70,6 +70,7 @@ class GMPO(TokenLossStrategy):
     The clip range it reports to the loss (for TRL's ``clip_ratio/*`` metrics, which then count what TRL's
     GMPOTrainer counts) is its log-space range in ratio terms: [exp(-eps_low), exp(eps_high)]."""
 
+    metrics = ("gmpo/sequence_ratio_mean",)
     params = ("gmpo_epsilon_low", "gmpo_epsilon_high")
     paper = GMPO_PAPER
     loss_types = ("grpo",)

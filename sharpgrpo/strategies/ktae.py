@@ -150,6 +150,7 @@ class KTAEStrategy(AdvantageStrategy):
     Metrics: ``ktae/score_abs_mean`` (masked mean |s|), ``ktae/frac_positive`` (tokens with s > 0) and
     ``ktae/frac_groups_scored`` (groups with correct and incorrect completions)."""
 
+    metrics = ("ktae/frac_groups_scored", "ktae/frac_positive", "ktae/score_abs_mean")
     needs_old_logps = False
     needs_correctness = True
     params = ("ktae_alpha", "ktae_beta", "ktae_frequency", "ktae_scale")

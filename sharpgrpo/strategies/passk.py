@@ -104,6 +104,7 @@ class PassKMixedStrategy(AdvantageStrategy):
     advantage strategy (e.g. ``thr``); the pass@K term is broadcast over tokens (padding included; the loss masks it).
     Metrics: ``passk/pass_at_k`` (mean rho over groups) and ``passk/mix_q`` (mean q = c / n)."""
 
+    metrics = ("passk/pass_at_k", "passk/mix_q")
     needs_old_logps = False
     needs_correctness = True
     params = ("passk_k",)

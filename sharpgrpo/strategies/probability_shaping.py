@@ -231,6 +231,7 @@ class RandomWeights(TokenWeightStrategy):
 class ARTokenAdvantages(AdvantageStrategy):
     """AR-Lopti token advantages from the sampling policy's probabilities (``ar_alpha``)."""
 
+    metrics = ("ar/factor_mean",)
     params = ("ar_alpha",)
     paper = AR_PAPER
     folds_into_loss = True

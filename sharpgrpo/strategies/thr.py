@@ -476,6 +476,10 @@ class TokenHiddenRewardStrategy(_HiddenRewardStrategy):
     """THR-guided token advantages (THR Eq. 5, docs/methods.md §3), from the config fields in ``params``
     (``thr_chunk_size`` is the memory knob of :func:`token_hidden_reward_scores`)."""
 
+    metrics = (
+        "thr/frac_retained", "thr/frac_positive", "thr/tau", "thr/frac_groups_tau_negative", "thr/abs_mean",
+        "thr/frac_entropy_added", "thr/frac_mixed_groups",
+    )
     params = ("thr_p", "thr_beta", "thr_keep_below_threshold", "thr_entropy_quantile", "thr_vocab", "thr_chunk_size")
 
     def __init__(self, args: Any):
@@ -504,6 +508,7 @@ class NegativeTokenHiddenRewardStrategy(_HiddenRewardStrategy):
     ``sum_{i in P} sum_k alpha <h, h>``, the same scale as the threshold tau (Deng et al.'s NTHR); True uses THR's
     1/|y_i| weights (Corollary 4.2)."""
 
+    metrics = ("nthr/frac_selected", "nthr/eta", "nthr/tau", "nthr/frac_mixed_groups")
     metric_prefix = "nthr"
     params = ("thr_beta", "thr_vocab", "thr_chunk_size", "nthr_length_normalized")
 

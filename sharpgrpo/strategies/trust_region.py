@@ -99,6 +99,7 @@ class _DPPO(TokenLossStrategy):
 class DPPOBinaryTV(_DPPO):
     """DPPO-Binary-TV trust-region mask (``dppo_tv_low``, ``dppo_tv_high``)."""
 
+    metrics = ("dppo/frac_masked", "dppo/frac_masked_positive", "dppo/frac_masked_negative", "dppo/mean_abs_prob_diff")
     params = ("dppo_tv_low", "dppo_tv_high", "dppo_keep_clip")
 
     def trust_region(self, context):
@@ -112,6 +113,7 @@ class DPPOBinaryTV(_DPPO):
 class DPPOBinaryKL(_DPPO):
     """DPPO-Binary-KL trust-region mask (``dppo_kl_low``, ``dppo_kl_high``)."""
 
+    metrics = ("dppo/frac_masked", "dppo/frac_masked_positive", "dppo/frac_masked_negative", "dppo/mean_binary_kl")
     params = ("dppo_kl_low", "dppo_kl_high", "dppo_keep_clip")
 
     def trust_region(self, context):

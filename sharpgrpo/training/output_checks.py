@@ -109,6 +109,24 @@ class StrategyOutputChecker:
 
     def advantages(self, strategy: Any, output: Any, batch) -> None:
         check_token_advantages(strategy, self.strategy_classes, output, batch)
+        self.metrics(strategy, output[1])
+
+    def metrics(self, strategy: Any, metrics: Mapping[str, Any]) -> None:
+        """The metrics a strategy returned are among those it declares (``Strategy.metrics``)."""
+        check_declared_metrics(strategy, self.strategy_classes, metrics)
+
+
+def check_declared_metrics(strategy: Any, strategy_classes: Mapping[str, type], metrics: Mapping[str, Any]) -> None:
+    """Refuse, naming the strategy, a metric it logs without declaring it in ``metrics`` (so that the logged names
+    are documented where the strategy is, and a typo does not start a new curve)."""
+    declared = set(getattr(strategy, "metrics", ()))
+    undeclared = sorted(name for name in metrics if name not in declared)
+    if undeclared:
+        raise ValueError(
+            f"Strategy {configured_name(strategy, strategy_classes)} logged {', '.join(undeclared)}, which its "
+            f"class does not declare; add {'them' if len(undeclared) > 1 else 'it'} to its `metrics` "
+            f"(declared: {', '.join(sorted(declared)) or 'none'})."
+        )
 
 
 def check_token_advantages(strategy: Any, strategy_classes: Mapping[str, type], output: Any, batch) -> None:

@@ -124,7 +124,7 @@ class StrategySet:
         and each strategy's per-token terms, named ``<strategy>/<field>`` (the telemetry's columns)."""
         if not self.loss:
             return None, {}, {}
-        return collect_loss_terms(self.loss, context)
+        return collect_loss_terms(self.loss, context, self.checker.metrics)
 
     # --- checkpoints ---------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, dict]:
@@ -161,6 +161,9 @@ class StrategySet:
                 "scale); set weight_placement: loss or another loss_type."
             )
         for name, cls in zip(args.strategies, classes, strict=True):
+            if getattr(cls, "folds_into_loss", False) and cls.loss_factor_metric not in cls.metrics:
+                raise ConfigError(f"strategies: {name} logs {cls.loss_factor_metric!r} in the loss but does not "
+                                  "declare it in its `metrics`.")
             for needed in getattr(cls, "needs_inputs", ()):
                 if needed not in GENERATION_INPUTS:
                     raise ConfigError(

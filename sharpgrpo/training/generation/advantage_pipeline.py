@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.strategies import AdvantageStrategy, GenerationBatch
-from sharpgrpo.strategies.correctness import correct_completions
+from sharpgrpo.strategies.correctness import answer_verdicts, correct_completions
 from sharpgrpo.training.generation.capture import fit_width
 from sharpgrpo.training.generation.inputs import provided_inputs
 from sharpgrpo.training.telemetry.recorder import sequence_means
@@ -46,6 +46,15 @@ class GenerationRecord:
     captured: dict[str, torch.Tensor] = field(default_factory=dict)
     stages: list[torch.Tensor] = field(default_factory=list)
     logged_advantages: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def row_verdicts(reward_funcs, inputs: list[dict[str, Any]], prompts, completions, completion_ids, trainer_state):
+    """(B_local,) the reward functions' answer checks of this process's rows (`sharpgrpo.strategies.correctness`),
+    given the rows' dataset columns as TRL passes them to reward functions."""
+    columns = {key: [example[key] for example in inputs] for key in inputs[0]
+               if key not in ("prompt", "completion", "completion_ids")}
+    return answer_verdicts(reward_funcs, prompts, completions,
+                           {**columns, "completion_ids": completion_ids, "trainer_state": trainer_state})
 
 
 def gather_rows(accelerator, tensor: torch.Tensor) -> torch.Tensor:

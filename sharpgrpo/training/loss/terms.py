@@ -18,15 +18,18 @@ import torch
 from sharpgrpo.strategies.base import LossContext, LossTerms
 
 
-def collect_loss_terms(strategies, context: LossContext
+def collect_loss_terms(strategies, context: LossContext, check_metrics=None
                        ) -> tuple[LossTerms, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Every loss strategy's terms for one micro-batch, combined: masks and KL factors multiply, extra terms add, the
     clip range and a sequence objective come from the one strategy that sets them (the config refuses two).
     ``strategies``: (name, strategy) pairs. Returns (combined terms, metrics as 0-d device tensors, each strategy's
-    per-token terms named ``<name>/<field>``, the telemetry's columns)."""
+    per-token terms named ``<name>/<field>``, the telemetry's columns). ``check_metrics(strategy, metrics)``, when
+    given, checks each strategy's metrics (``StrategyOutputChecker.metrics``)."""
     combined, metrics, columns = LossTerms(), {}, {}
     for strategy_name, strategy in strategies:
         terms, strategy_metrics = strategy.loss_terms(context)
+        if check_metrics is not None:
+            check_metrics(strategy, strategy_metrics)
         metrics.update(strategy_metrics)
         columns.update({f"{strategy_name}/{name}": value for name, value in per_token_terms(terms).items()})
         for name in ("gradient_mask", "token_mask", "kl_weight"):
