@@ -121,6 +121,9 @@ def main(
     from sharpgrpo.run.input_checks import check_training_inputs
 
     inputs = check_training_inputs(task, training_args, model_args)  # every input, before output_dir is touched
+    from sharpgrpo.training.generation.vllm_checks import check_vllm_request
+
+    check_vllm_request(training_args)  # a vLLM request that cannot work: one line, before output_dir is touched
     with guard_output_dir(training_args.output_dir, resuming=resuming, overwrite=task.overwrite_output_dir,
                           inputs=input_paths(task, training_args, model_args, config_path)):  # fmt: skip
         from sharpgrpo.settings import training_rollout

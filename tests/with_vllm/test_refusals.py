@@ -16,7 +16,8 @@ from sharpgrpo.validation import ConfigError
 
 def vllm_args(**overrides):
     values = dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=False, vllm_server_base_url=None,
-                  vllm_server_host="127.0.0.1", vllm_server_port=8000, vllm_server_timeout=240.0)
+                  vllm_server_host="127.0.0.1", vllm_server_port=8000, vllm_server_timeout=240.0,
+                  generation_kwargs=None, num_generations=8)
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -79,3 +80,20 @@ def test_an_unreachable_server_is_refused_after_its_timeout(monkeypatch):
         vllm_args(vllm_mode="server", vllm_server_base_url=f"http://127.0.0.1:{port}", vllm_server_timeout=0.5),
         cuda_available=True))
     assert message.startswith("vllm_server_base_url: no vLLM server answers")
+
+
+@pytest.mark.skipif(not VLLM_MISSING, reason="vLLM is installed in this environment")
+def test_sharpgrpo_train_with_use_vllm_and_no_vllm_stops_in_one_line_and_writes_nothing(tmp_path, capsys,
+                                                                                         monkeypatch):
+    import sys
+
+    from sharpgrpo.cli import main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    output = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--config", "demo", "--use_vllm", "true", "--output_dir", str(output)])
+    assert stop.value.code not in (0, None)
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("error: use_vllm=True: vLLM is not installed"), lines[-3:]
+    assert not output.exists()  # refused before the output folder (and the model) was touched

@@ -16,6 +16,7 @@ from importlib import metadata, util
 
 from packaging.version import Version
 
+from sharpgrpo.training.generation.vllm_seeding import refuse_vllm_request_seed
 from sharpgrpo.validation import ConfigError
 
 TRL_VLLM_RANGE = ("0.22.0", "0.31.0")  # trl/import_utils.py is_vllm_available (trl 1.16.0)
@@ -57,9 +58,11 @@ def wait_for_vllm_server(url: str, timeout: float, interval: float = 1.0) -> boo
 
 
 def check_vllm_request(args, cuda_available: bool | None = None) -> None:
-    """Refuse ``use_vllm=True`` where it cannot work (module docstring), before the model loads."""
+    """Refuse ``use_vllm=True`` where it cannot work (module docstring) or with a fixed sampling ``seed`` in colocate
+    mode (``vllm_seeding.refuse_vllm_request_seed``), before the model loads."""
     if not getattr(args, "use_vllm", False):
         return
+    refuse_vllm_request_seed(args)
     version = installed_vllm_version()
     if version is None:
         raise ConfigError(f"use_vllm=True: vLLM is not installed in this environment; install it with {INSTALL_HINT}.")

@@ -53,3 +53,13 @@ def use_layerwise_sync_where_needed(generation: Any) -> bool:
         return False
     generation.sync_weights = lambda: sync_colocated_weights_layerwise(generation)
     return True
+
+
+def prepare_colocated_engine(generation: Any, args, process_index: int) -> None:
+    """After TRL started its colocated engine: reseed this process's sampling from ``seed``
+    (``vllm_seeding.seed_colocated_vllm``) and sync weights with vLLM's layerwise reload where the platform needs it
+    (:func:`use_layerwise_sync_where_needed`)."""
+    from sharpgrpo.training.generation.vllm_seeding import seed_colocated_vllm
+
+    seed_colocated_vllm(args, process_index)
+    use_layerwise_sync_where_needed(generation)
