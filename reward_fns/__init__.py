@@ -58,6 +58,13 @@ def configured_reward(fn, args):
     return fn if configure is None else configure(args)
 
 
+def configured_rewards(reward_funcs, args):
+    """``reward_funcs`` as ``GRPOTrainer`` takes them (one or a list), each bound by :func:`configured_reward`."""
+    if isinstance(reward_funcs, (list, tuple)):
+        return [configured_reward(fn, args) for fn in reward_funcs]
+    return None if reward_funcs is None else configured_reward(reward_funcs, args)
+
+
 def get_reward_function(name_or_path: str):
     """A registered reward function by name, or any callable by dotted import path."""
     return REWARD_FUNCTIONS.get(name_or_path)
@@ -83,6 +90,7 @@ __all__ = [
     "math_correct",
     "math_reward",
     "configured_reward",
+    "configured_rewards",
     "overlong_penalty",
     "overlong_penalty_reward",
     "qa_em_reward",

@@ -62,10 +62,12 @@ def overlong_penalty_reward(max_completion_length: int, buffer_length: int, pena
 
 
 def configure(args):
-    """The ``overlong_penalty`` reward bound to a config's ``max_completion_length``, ``overlong_buffer_length`` and
-    ``overlong_penalty_factor``."""
-    return overlong_penalty_reward(args.max_completion_length, args.overlong_buffer_length,
-                                   args.overlong_penalty_factor)
+    """The ``overlong_penalty`` reward bound to a config's ``max_completion_length``, ``overlong_buffer_length``
+    (None: a fifth of ``max_completion_length``, DAPO's 4096 of 20480, at least 1) and ``overlong_penalty_factor``."""
+    buffer_length = args.overlong_buffer_length
+    if buffer_length is None:
+        buffer_length = max(1, args.max_completion_length // 5)
+    return overlong_penalty_reward(args.max_completion_length, buffer_length, args.overlong_penalty_factor)
 
 
 @register_reward("overlong_penalty", columns=(), configure=configure)

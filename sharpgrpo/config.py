@@ -14,11 +14,14 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from sharpgrpo.strategies import strategy_names_help
+from sharpgrpo.strategies.kl_estimators import DEFAULT_KL_ESTIMATOR, KL_ESTIMATORS
 from sharpgrpo.strategies.loss_types import LOSS_TYPES
 from sharpgrpo.strategy_params import PARAM_RULES, StrategyParams, _RuledField, param
 from sharpgrpo.training.strategy_set import StrategySet
 from sharpgrpo.validation import (
     integer,
+    name,
+    non_negative,
     one_of,
     parse_strategy_names,
     positive,
@@ -62,6 +65,46 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "How w enters the k3 KL term (beta > 0): `loss` w*kl (GRPO-SG Lemma 3.4), `inside` k3 of w*pref/p (TR-GRPO "
         "Eq. 11), `none`.",
         one_of(*KL_WEIGHTINGS),
+    )
+    kl_estimator: str = param(
+        DEFAULT_KL_ESTIMATOR,
+        "Estimator of the per-token KL(pi || pi_ref) in the beta term (Schulman 2020, 'Approximating KL divergence'; "
+        "verl's `kl_penalty`): `k3` (TRL's, the default), `k1`, `k2`, `low_var_kl` (verl's clamped k3), `k3_plus` "
+        "(low_var_kl's value with k2's gradient, verl's `k3+`). docs/methods.md §15.3.",
+        one_of(*KL_ESTIMATORS),
+    )
+    # Dynamic sampling (DAPO §3.2, verl's `filter_groups`; docs/methods.md §15.5).
+    dynamic_sampling: bool = param(
+        False,
+        "Drop the groups that carry no signal (`dynamic_sampling_filter`) and generate groups from new prompts until "
+        "the batch is full or `dynamic_sampling_max_rounds` extra rounds are spent (DAPO §3.2; verl "
+        "`algorithm.filter_groups`). docs/methods.md §15.5.",
+        one_of(False, True),
+    )
+    dynamic_sampling_filter: str = param(
+        "reward_std",
+        "What a group must vary in to be kept: `reward_std` (the total reward), `accuracy` (the answer checks: "
+        "accuracy in (0, 1), DAPO's filter) or a reward function's name as logged (`rewards/<name>/mean`).",
+        name(),
+    )
+    dynamic_sampling_max_rounds: int = param(
+        9,
+        "Extra generation rounds allowed per generation batch (verl's `max_num_gen_batches` 10 in all, minus the "
+        "first); when spent, failing groups fill the batch (`dynamic_sampling/groups_unfilled`), and a step where no "
+        "group passed stops training.",
+        integer(0),
+    )
+    # The overlong penalty reward (`reward_funcs: [..., overlong_penalty]`; docs/methods.md §15.4).
+    overlong_buffer_length: int | None = param(
+        None,
+        "`overlong_penalty`: DAPO's L_cache (Eq. 13), the last tokens of `max_completion_length` over which the "
+        "penalty grows to `overlong_penalty_factor` (verl `overlong_buffer.len`); None: a fifth of "
+        "max_completion_length (DAPO's 4096 of 20480).",
+        integer(1, allow_none=True),
+    )
+    overlong_penalty_factor: float = param(
+        1.0, "`overlong_penalty`: the penalty at max_completion_length (verl `overlong_buffer.penalty_factor`).",
+        non_negative(),
     )
     # Advantage strategies' inputs and their per-token scores (docs/methods.md §3).
     dump_token_scores: bool = param(

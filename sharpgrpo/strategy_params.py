@@ -128,6 +128,12 @@ class StrategyParams:
     )
     # Pass@K (docs/methods.md §4).
     passk_k: int = param(4, "`passk_mixed`: K of the pass@K advantage (Chen et al. 2025).", integer(1))
+    reinforce_pp_gamma: float = param(
+        1.0,
+        "`reinforce_pp`: discount gamma of the returns G_t = r_t + gamma G_(t+1) (REINFORCE++, Hu 2025; verl's "
+        "`algorithm.gamma`, default 1: every loss token's return is the outcome reward). docs/methods.md §15.2.",
+        between(0, 1),
+    )
     # Loss-side strategies (docs/methods.md §10). Defaults: verl's actor config (verl-project/verl
     # verl/trainer/config/actor/actor.yaml) and the methods' released scripts; each help says which.
     clip_cov_ratio: float = param(

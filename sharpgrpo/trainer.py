@@ -33,14 +33,14 @@ from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint
 from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord, advantage_pipeline, row_verdicts
 from sharpgrpo.training.generation.advantage_pipeline import tag_groups
 from sharpgrpo.training.generation.capture import GenerationCapture
+from sharpgrpo.training.generation.dynamic_sampling import generate_batch, needs_verdicts
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
 from sharpgrpo.training.generation.inputs import input_providers
 from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_logps_source, prompt_completion
 from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem
 from sharpgrpo.training.generation.rank_agreement import RankFailures
 from sharpgrpo.training.generation.score_dump import dump_token_scores
-from sharpgrpo.training.generation.vllm_checks import check_vllm_request
-from sharpgrpo.training.generation.vllm_sync import prepare_colocated_engine
+from sharpgrpo.training.generation.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm
 from sharpgrpo.training.generation.vllm_seeding import server_generation_kwargs
 from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.loss.entropy_bonus import entropy_coef_to_apply, update_entropy_control
@@ -82,14 +82,14 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation = GenerationRecord()  # filled by the generation hooks, read by the advantage strategies
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
-        check_vllm_request(args)  # vLLM missing, outside TRL's range, or a request it cannot serve: one line
+        refuse_vllm_request_seed(args)
         prepared_name = None
         if isinstance(model, str) and resolve_model_name(model) != model:  # a prepared model (sharpgrpo-tiny)
             prepared_name, model = model, resolve_model_name(model)  # -> its folder, built on first use
         # FSDP asked for on the CPU (or FSDP1 with THR): refused before accelerate builds something else
         check_launch_request(args, head_readers=StrategySet.head_readers(self.strategies.classes))
         self._rank_failures = RankFailures()  # a reward error on one process: all stop together (rank_agreement)
-        super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs)), args, **kwargs)
+        super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs, args)), args, **kwargs)
         self._rank_failures.active = self.accelerator.num_processes > 1
         check_launch(self.accelerator, args)  # FSDP/DeepSpeed/processes as the launcher asked, in one line
         if prepared_name is not None:  # the card and a saved adapter name the model as given, not a cache folder
@@ -102,7 +102,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if loss_temperature is not None and loss_temperature != self.temperature:  # e.g. released CW-GRPO: 1.0
             score_logps_at(self, loss_temperature)
         if self.use_vllm and self.vllm_mode == "colocate":
-            prepare_colocated_engine(self.vllm_generation, args, self.accelerator.process_index)  # seed, sync
+            seed_colocated_vllm(args, self.accelerator.process_index)
         self._paper = trl_paper(args.strategies, self._paper)
         self._input_providers = input_providers(self, self._needs().inputs)  # sharpgrpo.training.generation.inputs
         folded = self._folded_strategy() is not None
@@ -152,7 +152,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._rank_failures.agree(self.accelerator)  # one all-reduce: a process whose reward raised stops them all
         self._generation.rewards_per_func = rewards_per_func  # gathered over all processes, global row order
-        if self._needs().correctness:  # the reward functions' answer checks (`sharpgrpo.strategies.correctness`)
+        if self._needs().correctness or needs_verdicts(self.args):  # answer checks (`strategies.correctness`)
             self._generation.answer_verdicts = row_verdicts(self.reward_funcs, inputs, prompts, completions,
                                                             completion_ids_list, self.state)
         return rewards_per_func
@@ -160,9 +160,8 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if self.use_vllm and self.vllm_mode == "server":  # a seed per request (`training.generation.vllm_seeding`)
             self.vllm_generation.generation_kwargs = server_generation_kwargs(self.args, self._generation_count)
-        self._generation = GenerationRecord(inputs=inputs)
-        output = super()._generate_and_score_completions(inputs)  # generation-level features wrap this call
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self.model.training else "eval"  # TRL's generation, refilled by dynamic sampling:
+        inputs, output, self._generation = generate_batch(self, inputs, super()._generate_and_score_completions, mode)
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
                             self._generation_count)

@@ -45,9 +45,12 @@ class Rule:
     allow_none: bool = False
     extra: tuple[Any, ...] = ()  # values accepted besides the range (e.g. max_steps -1)
     note: str = ""  # why, appended to the error
+    text: bool = False  # a non-empty string (a name checked where its choices are known)
 
     def describe(self) -> str:
-        if self.choices is not None:
+        if self.text:
+            text = "a non-empty name"
+        elif self.choices is not None:
             text = "one of " + ", ".join(str(c) for c in self.choices)
         else:
             text = "an integer" if self.integer else "a finite number"
@@ -66,6 +69,8 @@ class Rule:
     def accepts(self, value: Any) -> bool:
         if value is None:
             return self.allow_none
+        if self.text:
+            return isinstance(value, str) and value.strip() != ""
         if self.choices is not None:
             return value in self.choices
         if isinstance(value, bool) or not isinstance(value, Real):
@@ -126,6 +131,11 @@ def between(low: float, high: float, low_open: bool = False, high_open: bool = F
 def integer(minimum: int = 0, maximum: int | None = None, **kwargs) -> Rule:
     """An integer >= ``minimum`` (and <= ``maximum``)."""
     return Rule(low=minimum, high=maximum, integer=True, **kwargs)
+
+
+def name(**kwargs) -> Rule:
+    """A non-empty string (a name whose choices are checked where they are known)."""
+    return Rule(text=True, **kwargs)
 
 
 def one_of(*choices: Any, **kwargs) -> Rule:

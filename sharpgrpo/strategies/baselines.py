@@ -170,18 +170,19 @@ _REINFORCE_PP_PAPER = StrategyPaper(
 
 @register_strategy("reinforce_pp")
 class ReinforcePPStrategy(_BaselineStrategy):
-    """REINFORCE++ (docs/methods.md §15.2): returns of the outcome reward (gamma = 1, verl's default
-    ``algorithm.gamma``: every loss token's return is the reward) whitened over the batch's loss tokens; 0 on padding.
-    Metrics: ``reinforce_pp/return_mean`` and ``reinforce_pp/return_std`` (the whitening statistics)."""
+    """REINFORCE++ (docs/methods.md §15.2): discounted returns of the outcome reward (``reinforce_pp_gamma``, default
+    1 as verl's ``algorithm.gamma``: every loss token's return is then the reward) whitened over the batch's loss
+    tokens; 0 on padding. Metrics: ``reinforce_pp/return_mean`` and ``reinforce_pp/return_std`` (the whitening
+    statistics)."""
 
     metrics = ("reinforce_pp/return_mean", "reinforce_pp/return_std")
+    params = ("reinforce_pp_gamma",)
     paper = _REINFORCE_PP_PAPER
-    gamma = 1.0
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.completion_mask.double()
         token_rewards = last_token_rewards(batch.rewards.double(), mask)
-        returns = discounted_returns(token_rewards, mask, self.gamma)
+        returns = discounted_returns(token_rewards, mask, float(self.args.reinforce_pp_gamma))
         advantages = masked_whiten(returns, mask) * mask
         return advantages.to(batch.advantages.dtype), _return_metrics("reinforce_pp", returns, mask)
 

@@ -28,18 +28,23 @@ DEFAULT_KL_ESTIMATOR = "k3"  # TRL's
 def kl_estimate(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str = DEFAULT_KL_ESTIMATOR) -> torch.Tensor:
     """Per-token KL(pi_theta || pi_ref) estimate of the sampled tokens by ``estimator`` (one of ``KL_ESTIMATORS``).
     logps (B, T) the policy's log-probabilities, with their graph; ref_logps (B, T) the reference's -> (B, T)."""
+    return kl_from_log_ratio(ref_logps - logps, estimator)
+
+
+def kl_from_log_ratio(log_ratio: torch.Tensor, estimator: str = DEFAULT_KL_ESTIMATOR) -> torch.Tensor:
+    """The same from d = log pi_ref - log pi_theta (B, T), with its graph: every estimator is a function of d alone
+    (the loss shifts d by log w for ``kl_weighting: inside``)."""
     if estimator == "k1":
-        return logps - ref_logps
+        return -log_ratio
     if estimator == "k2":
-        return 0.5 * (logps - ref_logps).square()
+        return 0.5 * log_ratio.square()
     if estimator == "k3":
-        log_ratio = ref_logps - logps
         return torch.exp(log_ratio) - log_ratio - 1
     if estimator == "low_var_kl":
-        log_ratio = torch.clamp(ref_logps - logps, min=-20, max=20)
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, min=-10, max=10)
+        clamped = torch.clamp(log_ratio, min=-20, max=20)
+        return torch.clamp(torch.exp(clamped) - clamped - 1, min=-10, max=10)
     if estimator == "k3_plus":
-        value = kl_estimate(logps, ref_logps, "low_var_kl")
-        gradient = kl_estimate(logps, ref_logps, "k2")
+        value = kl_from_log_ratio(log_ratio, "low_var_kl")
+        gradient = kl_from_log_ratio(log_ratio, "k2")
         return gradient - gradient.detach() + value.detach()
     raise ValueError(f"kl_estimator={estimator!r}: must be one of {', '.join(KL_ESTIMATORS)}.")

@@ -185,13 +185,19 @@ def check_reward_output(name: str, output: Any, expected: int, one_of_several: b
     return values
 
 
-def checked_reward_functions(reward_funcs: Any) -> Any:
+def checked_reward_functions(reward_funcs: Any, args: Any = None) -> Any:
     """``reward_funcs`` as ``GRPOTrainer`` takes them, each callable wrapped so that its output is checked by
     :func:`check_reward_output` on every batch (same name, attributes and sync/async kind; reward models and Hub
-    ids are left as they are)."""
+    ids are left as they are). With ``args``, a reward with settings of its own (``overlong_penalty``) is first bound
+    to the config (``reward_fns.configured_rewards``)."""
     import functools
 
     from trl.trainer.utils import get_callable_name, is_async_callable
+
+    if args is not None:
+        from reward_fns import configured_rewards
+
+        reward_funcs = configured_rewards(reward_funcs, args)
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     several = len(funcs) > 1

@@ -76,3 +76,135 @@ def test_rows_of_two_rounds_join_with_trls_padding():
     assert merged["completion_mask"].tolist() == [[1, 0, 0], [1, 1, 1], [1, 0, 0]]
     assert merged["advantages"].tolist() == [-0.5, 1.0, -1.0]
     assert pad_cat([torch.ones(1, 2, 3), torch.zeros(2, 1, 3)], 5.0)[1:, 1].eq(5.0).all()
+
+
+# --- training the tiny model ---------------------------------------------------------------------------------------
+G = 4
+
+
+def solved_often_reward(prompts, completions, allowed, **kwargs):
+    """1 when at least a quarter of the first 8 letters are allowed: the warm-started tiny model solves most prompts
+    (about 60% of its groups of 4 have all four completions at 1 in the first batch)."""
+    from sharpgrpo.data.demo import allowed_letters_reward
+
+    return [float(r >= 0.25) for r in allowed_letters_reward(prompts, completions, allowed)]
+
+
+def constant_reward(prompts, completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def recording_trainer_class():
+    from sharpgrpo import SharpGRPOTrainer
+
+    class RecordingTrainer(SharpGRPOTrainer):
+        """Keeps the rewards of every generation batch it trains on (the joined batch's generation record)."""
+
+        trained_rewards: list
+
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            if self.model.training:
+                self.trained_rewards.append((self._generation.rewards_per_func[:, 0].clone(),
+                                             output["advantages"].clone()))
+            return output
+
+    return RecordingTrainer
+
+
+def equal_reward_groups(rewards: torch.Tensor) -> int:
+    grouped = rewards.view(-1, G)
+    return int((grouped.max(dim=1).values == grouped.min(dim=1).values).sum())
+
+
+def train(tiny_model_path, output_dir, reward=solved_often_reward, **options):
+    from helpers import make_trainer, tiny_config
+
+    args = tiny_config(output_dir, per_device_train_batch_size=16, num_generations=G, max_steps=2, **options)
+    trainer = make_trainer(tiny_model_path, args, reward_funcs=[reward], train_dataset=64,
+                           trainer_class=recording_trainer_class())
+    trainer.trained_rewards = []
+    trainer.train()
+    return trainer
+
+
+def test_trains_only_on_groups_with_signal_and_reports_the_refill(tiny_model_path, tmp_path):
+    control = train(tiny_model_path, tmp_path / "control")
+    # the control can fail the assertion below: without dynamic sampling its batches hold groups of equal rewards
+    assert sum(equal_reward_groups(rewards) for rewards, _ in control.trained_rewards) >= 2
+    trainer = train(tiny_model_path, tmp_path / "dynamic", dynamic_sampling=True, dynamic_sampling_max_rounds=6)
+    assert len(trainer.trained_rewards) == 2
+    for rewards, advantages in trainer.trained_rewards:
+        assert rewards.shape == (16,) and advantages.shape == (16,)
+        assert equal_reward_groups(rewards) == 0  # the fraction of zero-variance groups trained on is 0
+        assert bool((advantages != 0).view(-1, G).any(dim=1).all())  # every group carries an advantage
+    logged = [entry for entry in trainer.state.log_history if "dynamic_sampling/extra_rounds" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        assert 0 <= entry["dynamic_sampling/extra_rounds"] <= 6
+        assert entry["dynamic_sampling/groups_unfilled"] == 0
+        generated = entry["dynamic_sampling/groups_generated"]
+        assert generated == 4 * (entry["dynamic_sampling/extra_rounds"] + 1)
+        assert generated == 4 + entry["dynamic_sampling/groups_dropped"] + entry["dynamic_sampling/groups_surplus"]
+    assert sum(entry["dynamic_sampling/groups_dropped"] for entry in logged) >= 2
+    assert sum(entry["dynamic_sampling/extra_rounds"] for entry in logged) >= 1
+    # the completion table shows the rows trained on: its rewards are the last batch's
+    table = list(trainer._logs["rewards"]["solved_often_reward"])
+    assert table == trainer.trained_rewards[-1][0].tolist()
+
+
+def test_a_filter_that_is_never_met_stops_with_one_line_after_the_bound(tiny_model_path, tmp_path):
+    from sharpgrpo.training.generation.dynamic_sampling import DynamicSamplingError
+
+    with pytest.raises(DynamicSamplingError) as error:
+        train(tiny_model_path, tmp_path / "never", reward=constant_reward, dynamic_sampling=True,
+              dynamic_sampling_max_rounds=1)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("dynamic_sampling_filter=reward_std: no group passed in 2 ")
+
+
+def test_accuracy_filter_and_a_bound_too_small_to_fill(tiny_model_path, tmp_path):
+    """``accuracy`` reads the answer verdicts (here the binary reward's fallback rule); with no extra round allowed the
+    batch is filled with failing groups, counted and warned about once."""
+    with pytest.warns(UserWarning, match="dynamic_sampling_filter=accuracy: .* were trained on to fill the batch"):
+        trainer = train(tiny_model_path, tmp_path / "accuracy", dynamic_sampling=True,
+                        dynamic_sampling_filter="accuracy", dynamic_sampling_max_rounds=0)
+    logged = [entry for entry in trainer.state.log_history if "dynamic_sampling/groups_unfilled" in entry]
+    unfilled = [entry["dynamic_sampling/groups_unfilled"] for entry in logged]
+    assert [entry["dynamic_sampling/extra_rounds"] for entry in logged] == [0, 0]
+    assert unfilled == [equal_reward_groups(rewards) for rewards, _ in trainer.trained_rewards]
+    assert sum(unfilled) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_end_each_step_with_the_same_groups(tiny_model_path, tmp_path):
+    """Under two processes every process trains on the same number of groups (its own 2 of the 4), none with equal
+    rewards; the processes agree on the joined batch's gathered rewards and on the logged counts."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_multiprocess import free_port
+
+    repo = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(repo / "configs/accelerate/multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no",
+               "--main_process_port", str(free_port()), str(Path(__file__).with_name("_dynamic_sampling_worker.py")),
+               "--model", tiny_model_path, "--output_dir", str(tmp_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(repo / "tests"), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [len(r["batches"]) for r in ranks] == [2, 2]
+    for step in range(2):
+        first, second = (r["batches"][step] for r in ranks)
+        assert first["rows"] == second["rows"] == 8  # the same number of groups (2 of 4) on each process
+        assert first["global"] == second["global"]  # one joined batch, seen alike
+        assert first["global"] == first["local"] + second["local"]
+        assert equal_reward_groups(torch.tensor(first["global"])) == 0
+    assert ranks[0]["metrics"] == ranks[1]["metrics"] and len(ranks[0]["metrics"]) == 2
+    assert all(0 <= m["dynamic_sampling/extra_rounds"] <= 6 for m in ranks[0]["metrics"])

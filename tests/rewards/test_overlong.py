@@ -75,3 +75,33 @@ def test_registered_name_binds_the_config_and_refuses_to_run_unbound():
 def test_bad_settings_name_the_field(max_length, buffer, factor, message):
     with pytest.raises(ValueError, match=message):
         overlong_penalty_reward(max_length, buffer, factor)
+
+
+def test_config_binds_the_reward_with_dapos_default_buffer(tmp_path):
+    from helpers import cpu_config
+
+    fn = get_reward_function("overlong_penalty")
+    assert configured_reward(fn, cpu_config(tmp_path, max_completion_length=20)).settings == (20, 4, 1.0)
+    args = cpu_config(tmp_path, max_completion_length=20, overlong_buffer_length=8, overlong_penalty_factor=0.5)
+    assert configured_reward(fn, args).settings == (20, 8, 0.5)
+    with pytest.raises(ValueError, match=r"overlong_buffer_length=30: must be in \[1, max_completion_length=20\]"):
+        configured_reward(fn, cpu_config(tmp_path, max_completion_length=20, overlong_buffer_length=30))
+
+
+def test_trains_with_the_registered_name(tiny_model_path, tmp_path):
+    """``reward_funcs=[..., overlong_penalty]`` (the registered function, as train.py resolves the name): the trainer
+    binds it to the config and logs it; the tiny model's 8-token completions mostly hit the budget."""
+    from helpers import make_trainer, tiny_config
+
+    from sharpgrpo.data.demo import allowed_letters_reward
+
+    args = tiny_config(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1,
+                       overlong_buffer_length=4)
+    trainer = make_trainer(tiny_model_path, args, train_dataset=16,
+                           reward_funcs=[allowed_letters_reward, get_reward_function("overlong_penalty")])
+    trainer.train()
+    values = list(trainer._logs["rewards"]["overlong_penalty"])
+    assert len(values) == 8 and set(values) <= {0.0, -0.25, -0.5, -0.75, -1.0} and min(values) < 0
+    logged = [entry["rewards/overlong_penalty/mean"] for entry in trainer.state.log_history
+              if "rewards/overlong_penalty/mean" in entry]
+    assert logged == [pytest.approx(sum(values) / 8)]

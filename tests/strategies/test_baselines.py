@@ -145,10 +145,9 @@ def test_reinforce_pp_matches_verl(seed, gamma):
     got = reinforce_pp_advantages(last_token_rewards(batch.rewards, batch.completion_mask), batch.completion_mask,
                                   gamma)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    if gamma == 1.0:  # the registered strategy's gamma
-        got, metrics = strategy("reinforce_pp").token_advantages(batch)
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-        assert set(metrics) == {"reinforce_pp/return_mean", "reinforce_pp/return_std"}
+    got, metrics = strategy("reinforce_pp", reinforce_pp_gamma=gamma).token_advantages(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert set(metrics) == {"reinforce_pp/return_mean", "reinforce_pp/return_std"}
 
 
 def test_reinforce_pp_carries_the_return_through_tool_tokens():
@@ -165,8 +164,8 @@ def test_reinforce_pp_carries_the_return_through_tool_tokens():
     got = reinforce_pp_advantages(token_rewards, mask, 0.5)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert got[0, 2] == 0 and got[0, 3] == 0 and got[0, 1] != 0
-    got, _ = strategy("reinforce_pp").token_advantages(batch)
-    torch.testing.assert_close(got, verl_reinforce_pp(token_rewards, mask, 1.0), rtol=1e-12, atol=1e-12)
+    got, _ = strategy("reinforce_pp", reinforce_pp_gamma=0.5).token_advantages(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -184,7 +183,7 @@ def test_controls_differ_from_grpo_and_from_each_other():
     batch = random_batch(7)
     mask = batch.completion_mask
     rloo, _ = strategy("rloo").token_advantages(batch)
-    rpp, _ = strategy("reinforce_pp").token_advantages(batch)
+    rpp, _ = strategy("reinforce_pp", reinforce_pp_gamma=1.0).token_advantages(batch)
     rppb, _ = strategy("reinforce_pp_baseline").token_advantages(batch)
     grouped = batch.rewards.view(-1, batch.num_generations)
     grpo = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()

@@ -110,3 +110,48 @@ def test_unknown_estimator_names_the_setting():
     logps, ref = inputs(0)
     with pytest.raises(ValueError, match="kl_estimator='k4'"):
         kl_estimate(logps, ref, "k4")
+
+
+# --- in training -------------------------------------------------------------------------------------------------
+def test_config_field_defaults_to_trls_and_refuses_an_unknown_estimator(tmp_path):
+    from helpers import cpu_config
+
+    assert cpu_config(tmp_path).kl_estimator == "k3"
+    with pytest.raises(ValueError, match=r"kl_estimator='?k4'?: must be one of k1, k2, k3, k3_plus, low_var_kl"):
+        cpu_config(tmp_path, kl_estimator="k4")
+
+
+def test_the_loss_uses_the_configured_estimator(tmp_path):
+    """``policy_loss``'s KL term (its per-token ``kl`` output) is the estimator's, for every estimator, with the
+    default the k3 TRL computes; with ``kl_weighting: inside`` the estimator reads log(w pref / p)."""
+    from sharpgrpo.training.loss.surrogates import kl_penalty
+
+    logps, ref = inputs(2, 3.0)
+    weights = torch.rand(logps.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.5
+    assert torch.equal(kl_penalty(ref, logps, None, "loss"), trl_kl(ref, logps))  # the default, bit for bit
+    for name in KL_ESTIMATORS:
+        torch.testing.assert_close(kl_penalty(ref, logps, weights, "loss", estimator=name),
+                                   weights * kl_estimate(logps, ref, name), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(kl_penalty(ref, logps, weights, "inside", estimator=name),
+                                   kl_estimate(logps, ref + weights.log(), name), rtol=1e-12, atol=1e-12)
+
+
+def test_each_estimator_trains_two_steps(tiny_model_path, tmp_path):
+    """Two steps with beta > 0 for each estimator: the first step's KL is 0 (policy = reference), the second's is the
+    estimator's own (k1 can be negative, k2 and k3 differ), and each run's parameters move."""
+    from helpers import make_trainer, tiny_config
+
+    second_kl, moved = {}, {}
+    for name in KL_ESTIMATORS:
+        args = tiny_config(tmp_path / name, per_device_train_batch_size=8, num_generations=4, max_steps=2, beta=0.5,
+                           kl_estimator=name, strategies="equal")
+        trainer = make_trainer(tiny_model_path, args, train_dataset=16)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.train()
+        kls = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
+        assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-12), name
+        second_kl[name] = kls[1]
+        moved[name] = max(float((p - q).abs().max()) for p, q in zip(trainer.model.parameters(), before, strict=True))
+    assert all(value > 0 for value in moved.values()), moved
+    assert abs(second_kl["k2"] - second_kl["k3"]) > 1e-9 and abs(second_kl["k1"] - second_kl["k3"]) > 1e-9
+    assert second_kl["k3_plus"] == pytest.approx(second_kl["low_var_kl"], rel=1e-6)  # its value is low_var_kl's

@@ -9,11 +9,11 @@ every completion of the group:
   every completion, whatever the weights, so no token strategy can do anything with it;
 * ``accuracy``: the answer checks' verdicts (``sharpgrpo.strategies.correctness``, the one notion of a correct
   completion): the group's accuracy is in (0, 1), DAPO's filter ("accuracy equal to 1 or 0");
-* the name of one of the run's reward functions: that function's own reward (verl's ``filter_groups.metric`` read
-  from the reward's extra info, e.g. ``acc`` or ``score``).
+* the name of one of the run's reward functions, as logged (``rewards/<name>/mean``): that function's own reward
+  (verl's ``filter_groups.metric`` read from the reward's extra info, e.g. ``acc`` or ``score``).
 
 verl drops a group when ``len(values) > 1 and np.std(values) == 0.0`` (verl-project/verl@1dda039
-``verl/trainer/ppo/v1/replay_buffer.py`` L294-297). Here "not the same" is tested as ``max > min`` over the group's
+``verl/trainer/ppo/v1/replay_buffer.py`` L293-297). Here "not the same" is tested as ``max > min`` over the group's
 values (NaN, a reward function that skipped the row, left out): equal to std > 0 in exact arithmetic, and, unlike a
 float std, never keeps a group of equal rewards whose mean rounds (np.std([0.1] * 3) is 1.4e-17, not 0).
 
@@ -46,6 +46,28 @@ import torch
 
 DYNAMIC_SAMPLING_FILTERS = ("reward_std", "accuracy")  # or the name of a reward function of the run
 _SEED_MIX = (1_000_003, 7919)  # the draw's seed: seed + generation * 1_000_003 + round * 7919
+
+
+def needs_verdicts(args) -> bool:
+    """Whether every round must run the answer checks (``dynamic_sampling`` with the ``accuracy`` filter)."""
+    return bool(args.dynamic_sampling) and args.dynamic_sampling_filter == "accuracy"
+
+
+def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]], dict], mode: str):
+    """One generation batch for ``trainer``: ``generate`` (TRL's ``_generate_and_score_completions``) on ``inputs``
+    with a fresh generation record, refilled by the trainer's :class:`DynamicSampler` in training when
+    ``dynamic_sampling`` is on (built on first use). Returns (the input rows, TRL's output, the generation record)."""
+    from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
+
+    def one_round(rows: list[dict]):
+        trainer._generation = GenerationRecord(inputs=rows)
+        return generate(rows), trainer._generation
+
+    if mode != "train" or not trainer.args.dynamic_sampling:
+        return (inputs, *one_round(inputs))
+    if getattr(trainer, "_dynamic_sampler", None) is None:
+        trainer._dynamic_sampler = DynamicSampler.from_trainer(trainer)
+    return trainer._dynamic_sampler.generate(inputs, one_round, trainer._generation_count)
 
 
 class DynamicSamplingError(RuntimeError):
@@ -173,11 +195,14 @@ class DynamicSampler:
     def __init__(self, *, filter_name: str, max_rounds: int, seed: int, num_generations: int, dataset,
                  reward_func_names: list[str], pad_token_id: int, accelerator, reward_weights: torch.Tensor,
                  metrics, logs):
-        if filter_name not in DYNAMIC_SAMPLING_FILTERS and filter_name not in reward_func_names:
+        logged = filter_name.removeprefix("rewards/").removesuffix("/mean")  # the logged column's name works too
+        if filter_name not in DYNAMIC_SAMPLING_FILTERS and logged not in reward_func_names:
             raise ValueError(
                 f"dynamic_sampling_filter={filter_name!r}: must be reward_std, accuracy or the name of one of the "
-                f"run's reward functions ({', '.join(reward_func_names)})."
+                f"run's reward functions as logged (rewards/<name>/mean): {', '.join(reward_func_names)}."
             )
+        if filter_name not in DYNAMIC_SAMPLING_FILTERS:
+            filter_name = logged
         if dataset is None or not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise ValueError("dynamic_sampling: refilling draws new prompts by index, so it needs a map-style "
                              "train_dataset (not an iterable one).")

@@ -53,6 +53,7 @@ class LossSettings:
     delta: float | None = None
     beta: float = 0.0
     kl_weighting: str = "loss"
+    kl_estimator: str = "k3"  # sharpgrpo.strategies.kl_estimators (TRL's k3 by default)
     use_bias_correction_kl: bool = False
     weight_placement: str = "loss"
     sapo_temperature_pos: float = 1.0
@@ -72,7 +73,8 @@ class LossSettings:
         return cls(
             loss_type=trainer.loss_type, importance_sampling_level=trainer.importance_sampling_level,
             epsilon_low=trainer.epsilon_low, epsilon_high=trainer.epsilon_high, delta=args.delta, beta=trainer.beta,
-            kl_weighting=args.kl_weighting, use_bias_correction_kl=args.use_bias_correction_kl,
+            kl_weighting=args.kl_weighting, kl_estimator=args.kl_estimator,
+            use_bias_correction_kl=args.use_bias_correction_kl,
             weight_placement=args.weight_placement, sapo_temperature_pos=args.sapo_temperature_pos,
             sapo_temperature_neg=args.sapo_temperature_neg,
             vespo={"k_pos": args.vespo_k_pos, "lambda_pos": args.vespo_lambda_pos, "k_neg": args.vespo_k_neg,
@@ -218,7 +220,7 @@ def policy_loss(
     per_token_kl = None
     if s.beta != 0.0:
         per_token_kl = kl_penalty(batch.ref_logps, logps, weights, s.kl_weighting,
-                                  coef_1 if s.use_bias_correction_kl else None)
+                                  coef_1 if s.use_bias_correction_kl else None, estimator=s.kl_estimator)
     phi_seq = None
     if s.loss_type == "vespo":  # TRL's gamma weight of the sequence ratio (the parent's own method)
         phi_seq = GRPOTrainer.get_gamma_weights(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from sharpgrpo.strategies.kl_estimators import DEFAULT_KL_ESTIMATOR, kl_from_log_ratio
 from sharpgrpo.strategies.loss_types import LOSS_TYPES, PPO_CLIP_LOSS_TYPES
 
 
@@ -109,15 +110,17 @@ def kl_penalty(
     weights: torch.Tensor | None,
     kl_weighting: str,
     ratio: torch.Tensor | None = None,
+    estimator: str = DEFAULT_KL_ESTIMATOR,
 ) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || pi_ref), pref/p - log(pref/p) - 1, with the token weight placed by
-    ``kl_weighting``: ``loss`` w * k3 (GRPO-SG Lemma 3.4: the gradient carries beta * w), ``inside`` k3 of
-    w * pref / p (TR-GRPO Eq. 11), ``none`` k3 unweighted. ``ratio`` (TRL's ``use_bias_correction_kl``) multiplies the
-    estimate by the importance ratio. (B, T) -> (B, T)."""
+    """Per-token estimate of KL(pi || pi_ref) by ``estimator`` (``sharpgrpo.strategies.kl_estimators``; default TRL's
+    k3, pref/p - log(pref/p) - 1), with the token weight placed by ``kl_weighting``: ``loss`` w * kl (GRPO-SG
+    Lemma 3.4: the gradient carries beta * w), ``inside`` the estimator of log(w * pref / p) (TR-GRPO Eq. 11),
+    ``none`` unweighted. ``ratio`` (TRL's ``use_bias_correction_kl``) multiplies the estimate by the importance ratio.
+    (B, T) -> (B, T)."""
     ref_logp_minus_logp = ref_per_token_logps - per_token_logps
     if weights is not None and kl_weighting == "inside":
         ref_logp_minus_logp = ref_logp_minus_logp + torch.log(weights)
-    per_token_kl = torch.exp(ref_logp_minus_logp) - ref_logp_minus_logp - 1
+    per_token_kl = kl_from_log_ratio(ref_logp_minus_logp, estimator)
     if weights is not None and kl_weighting == "loss":
         per_token_kl = weights * per_token_kl
     if ratio is not None:
