@@ -40,7 +40,8 @@ from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_l
 from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem
 from sharpgrpo.training.generation.rank_agreement import RankFailures
 from sharpgrpo.training.generation.score_dump import dump_token_scores
-from sharpgrpo.training.generation.vllm_seeding import refuse_vllm_request_seed, seed_colocated_vllm
+from sharpgrpo.training.generation.vllm_checks import check_vllm_request
+from sharpgrpo.training.generation.vllm_sync import prepare_colocated_engine
 from sharpgrpo.training.generation.vllm_seeding import server_generation_kwargs
 from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.loss.entropy_bonus import entropy_coef_to_apply, update_entropy_control
@@ -82,7 +83,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         self._generation = GenerationRecord()  # filled by the generation hooks, read by the advantage strategies
         self._generation_count = 0
         self._sharpness = SharpnessProbe(args.sharpness_probe_steps, args.sharpness_rho)
-        refuse_vllm_request_seed(args)
+        check_vllm_request(args)  # vLLM missing, outside TRL's range, or a request it cannot serve: one line
         prepared_name = None
         if isinstance(model, str) and resolve_model_name(model) != model:  # a prepared model (sharpgrpo-tiny)
             prepared_name, model = model, resolve_model_name(model)  # -> its folder, built on first use
@@ -102,7 +103,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if loss_temperature is not None and loss_temperature != self.temperature:  # e.g. released CW-GRPO: 1.0
             score_logps_at(self, loss_temperature)
         if self.use_vllm and self.vllm_mode == "colocate":
-            seed_colocated_vllm(args, self.accelerator.process_index)
+            prepare_colocated_engine(self.vllm_generation, args, self.accelerator.process_index)  # seed, sync
         self._paper = trl_paper(args.strategies, self._paper)
         self._input_providers = input_providers(self, self._needs().inputs)  # sharpgrpo.training.generation.inputs
         folded = self._folded_strategy() is not None
