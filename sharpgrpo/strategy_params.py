@@ -229,8 +229,9 @@ class StrategyParams:
     )
     archer_high_entropy_kl_scale: float = param(
         0.0,
-        "`archer`: KL weight of high-entropy tokens relative to beta (low-entropy tokens: 1). ArcherCodeR's "
-        "`high_entropy_kl_loss_scale_coef=0`: no KL on high-entropy tokens.",
+        "`archer`: coefficient of the high-entropy tokens' KL, used alone as the released "
+        "`high_entropy_kl_loss_scale_coef` is (beta is the low-entropy tokens' kl_loss_coef); > 0 needs beta > 0. "
+        "ArcherCodeR: 0, no KL on high-entropy tokens. docs/methods.md §11.5.",
         non_negative(),
     )
     archer_kl_mean: str = param(
