@@ -123,7 +123,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``; ``resume_from_checkpoint=True`` (or "true") takes the newest *complete* checkpoint
         and a named one is checked for damaged files first (`sharpgrpo.run.lifecycle`)."""
-        resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir, self.args)
         warn_if_off_boundary(resume_from_checkpoint, self.args)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
