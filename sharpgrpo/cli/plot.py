@@ -9,8 +9,9 @@ one PNG per metric group that any run logged, comparing the runs:
 * ``entropy.png``: policy entropy (and ``kl`` when logged);
 * ``token_weight.png``: ``token_weight/mean|std|min|max|frac_at_lower|frac_at_upper``;
 * ``clipping.png``: ``clip_ratio/low_mean|high_mean|region_mean`` and ``token_weight/frac_grad_clipped``;
-* ``sharpness.png``: the sharpness probe's ``sharpness/*``; ``strategy.png``: strategy metrics (``cw/*``,
-  ``thr/*``, ``nthr/*``, ``ar/*``, ``passk/*``);
+* ``sharpness.png``: the sharpness probe's ``sharpness/*``; ``strategy.png``: every metric the runs' strategies
+  logged, one panel each: any ``NAMESPACE/name`` outside the trainer's own namespaces (``cw/*``, ``thr/*``,
+  ``gtpo/*``, ``clip_cov/*``, ... and those of a strategy you register; ``curve_plots.strategy_keys``);
 
 plus ``grad_norm_summary.json`` / ``.md``: per run, the grad-norm mean, std, coefficient of variation, median, max
 and the number of spikes. The same as ``python -m sharpgrpo plot``; the figures are drawn by
@@ -45,7 +46,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.labels is not None and len(args.labels) != len(args.runs):
         raise ConfigError(f"--labels={args.labels}: {len(args.labels)} label(s) for {len(args.runs)} run(s); give "
                           "one per run.")  # fmt: skip
-    check_output_folder("--output", args.output)
+    check_output_folder("--output", args.output, command=parser.prog)  # run.output_dir: the rule of every writer
+    from sharpgrpo.run.output_dir import claim_output_target
+
+    claim_output_target(args.output, command=parser.prog)
     result = plot_runs(args.runs, args.output, args.labels, args.smooth, args.spike_factor)
     print(grad_norm_markdown(result["grad_norm"], args.spike_factor))
     print("Wrote " + ", ".join(Path(f).name for f in result["files"]))

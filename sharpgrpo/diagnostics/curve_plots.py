@@ -32,10 +32,18 @@ METRIC_GROUPS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
         (),
     ),
     ("sharpness", "Sharpness probe", (), ("sharpness/",)),
-    ("strategy", "Strategy metrics", (), ("cw/", "thr/", "nthr/", "ar/", "passk/")),
+    # every strategy's own metrics: strategy_keys() below, not a list of names
+    ("strategy", "Strategy metrics", (), ()),
 )
 # Per-function reward statistics other than the mean only crowd the reward figure.
 SKIPPED_SUFFIXES = ("/std",)
+# Namespaces (``NAME/...``) that TRL, the trainer and the settings log whatever the strategy: the trainer's own
+# metrics. A metric under any other namespace is a strategy's (``cw/*`` of cw_grpo, ``thr/*``, ``gtpo/*``,
+# ``clip_cov/*``, ... and those of a strategy registered tomorrow), and gets a panel in ``strategy.png`` and in
+# ``training_curves.png``: strategies log under a namespace of their own (the strategy registry holds no list of
+# metric names), so the panels follow what a run logged.
+TRAINER_NAMESPACES = ("rewards", "completions", "clip_ratio", "token_weight", "sharpness", "search", "sampling",
+                      "tools", "train", "eval")  # fmt: skip
 
 
 def run_labels(runs: Sequence[str | Path]) -> list[str]:
@@ -66,6 +74,19 @@ def group_keys(histories: Sequence[list[dict[str, Any]]], keys: Sequence[str], p
     return found
 
 
+def strategy_keys(histories: Sequence[list[dict[str, Any]]]) -> list[str]:
+    """The strategies' metrics the runs logged with a finite value: every ``NAMESPACE/name`` key outside
+    :data:`TRAINER_NAMESPACES`, sorted (a strategy's metrics side by side)."""
+    candidates = set()
+    for history in histories:
+        for entry in history:
+            for key in entry:
+                namespace, slash, _ = key.partition("/")
+                if slash and namespace not in TRAINER_NAMESPACES and not key.endswith(SKIPPED_SUFFIXES):
+                    candidates.add(key)
+    return group_keys(histories, sorted(candidates), ())
+
+
 def ema(values: Sequence[float], alpha: float) -> list[float]:
     """Exponential moving average with weight ``alpha`` on the newest value (alpha = 1: no smoothing)."""
     smoothed, current = [], None
@@ -83,7 +104,8 @@ def _plot_group(
     labels: Sequence[str],
     smooth: float,
     spike_factor: float,
-) -> None:
+) -> list[str]:
+    """Draw one panel per key into ``path``; return the keys of the panels drawn (those holding a curve)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -126,7 +148,9 @@ def _plot_group(
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    drawn = [ax.get_title().split("  (")[0] for row in axes for ax in row if ax.get_visible() and ax.lines]
     plt.close(fig)
+    return drawn
 
 
 def plot_runs(
@@ -136,7 +160,8 @@ def plot_runs(
     smooth: float = 0.0,
     spike_factor: float = 3.0,
 ) -> dict[str, Any]:
-    """Write the PNGs and the grad-norm summary for ``runs`` into ``output``; return ``{"files", "grad_norm"}``.
+    """Write the PNGs and the grad-norm summary for ``runs`` into ``output``; return ``{"files", "grad_norm",
+    "panels"}`` (``panels``: each PNG's file name -> the metric of each panel drawn in it).
 
     Args:
         runs: run folders (or ``trainer_state.json`` files).
@@ -157,13 +182,14 @@ def plot_runs(
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     files = []
+    panels = {}
     for name, title, keys, prefixes in METRIC_GROUPS:
-        present = group_keys(histories, keys, prefixes)
+        present = group_keys(histories, keys, prefixes) if name != "strategy" else strategy_keys(histories)
         if name == "reward" and len([k for k in present if k.startswith("rewards/")]) == 1:
             present = [k for k in present if not k.startswith("rewards/")]  # one function: the same curve as reward
         if present:
             path = output / f"{name}.png"
-            _plot_group(path, title, present, histories, labels, smooth, spike_factor)
+            panels[path.name] = _plot_group(path, title, present, histories, labels, smooth, spike_factor)
             files.append(path)
     summaries = {}
     for label, history in zip(labels, histories, strict=True):
@@ -171,7 +197,7 @@ def plot_runs(
     (output / "grad_norm_summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
     (output / "grad_norm_summary.md").write_text(grad_norm_markdown(summaries, spike_factor))
     files += [output / "grad_norm_summary.json", output / "grad_norm_summary.md"]
-    return {"files": [str(f) for f in files], "grad_norm": summaries}
+    return {"files": [str(f) for f in files], "grad_norm": summaries, "panels": panels}
 
 
 TRAINING_CURVE_KEYS = (
@@ -181,19 +207,27 @@ TRAINING_CURVE_KEYS = (
     "token_weight/std",
     "token_weight/min",
     "token_weight/max",
+    "token_weight/frac_at_lower",
+    "token_weight/frac_at_upper",
     "token_weight/frac_grad_clipped",
 )
 
 
+def training_curve_keys(history: list[dict[str, Any]]) -> list[str]:
+    """The panels of ``training_curves.png``: reward, grad norm, the token-weight statistics and every metric of the
+    run's strategies (:func:`strategy_keys`), those the run logged."""
+    return group_keys([history], TRAINING_CURVE_KEYS, ()) + strategy_keys([history])
+
+
 def plot_training_curves(run: str | Path, output: str | Path, label: str | None = None) -> Path | None:
-    """One PNG of a single run: reward, grad norm and the token-weight statistics per step (what ``train.py``
-    writes as ``training_curves.png``); keys the run did not log are left out. Returns the path, or None when
-    nothing was logged."""
+    """One PNG of a single run: reward, grad norm, the token-weight statistics and the strategies' own metrics per
+    step (what ``sharpgrpo train`` writes as ``training_curves.png``); keys the run did not log are left out.
+    Returns the path, or None when nothing was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     history = load_log_history(run)
-    keys = group_keys([history], TRAINING_CURVE_KEYS, ("cw/", "thr/", "nthr/"))
+    keys = training_curve_keys(history)
     if not keys:
         return None
     output = Path(output)
