@@ -215,16 +215,24 @@ def _telemetry_main(args) -> dict[str, Any]:
                                                       else (step if args.compare else None))
         label = f"{Path(other_meta.get('output_dir') or other).name or other} step {other_step}"
         runs.append((label if label != runs[0][0] else label + " (compared)", other_frame, other_meta))
-    column = args.shade or _default_column(meta, frame)
+    # each run shaded by its own strategy's column (weight for a weight strategy, factor for an advantage one)
+    columns = [args.shade] * len(runs) if args.shade else [_default_column(m, f) for _, f, m in runs]
+    column = columns[0]
     selected = [(label, select_tokens(f, groups=groups or None, token_filter=args.filter,
                                       max_groups=None if groups else args.max_groups), m) for label, f, m in runs]
     from sharpgrpo.run.output_dir import claim_output_target
 
     output = claim_output_target(args.output, command="sharpgrpo tokens")  # inputs read: the folder is this command's
-    page = write_telemetry_page(output / "tokens.html", selected, column, args.filter)
+    page = write_telemetry_page(output / "tokens.html", selected, columns, args.filter)
+    if all(len(f) == 0 for _, f, _ in selected):
+        import sys
+
+        what = f"matches --filter {args.filter}" if args.filter else "is in the groups picked"
+        print(f"[sharpgrpo] no token of step {step} {what}; {page} says so and shows nothing else.", file=sys.stderr)
     figure = plot_telemetry(frame, output / "telemetry.png", f"{runs[0][0]}: {', '.join(meta['strategies'])}")
     result = {
-        "file": str(file), "step": step, "column": column, "filter": args.filter, "page": str(page),
+        "file": str(file), "step": step, "column": column, "columns": columns, "filter": args.filter,
+        "page": str(page),
         "figure": str(figure), "metadata": {k: v for k, v in meta.items() if k != "columns"},
         "summary": {label: summary(f) for label, f, _ in runs},
         "shown": {label: summary(f) for label, f, _ in selected},
@@ -233,7 +241,7 @@ def _telemetry_main(args) -> dict[str, Any]:
     (output / "tokens.md").write_text(tokens_markdown(ranking, " x ".join(meta["strategies"]), overall))
     result.update(ranking, overall=overall)
     (output / "tokens.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"[sharpgrpo] {page} ({column}), {figure}: step {step} of {file}")
+    print(f"[sharpgrpo] {page} ({', '.join(dict.fromkeys(columns))}), {figure}: step {step} of {file}")
     return result
 
 

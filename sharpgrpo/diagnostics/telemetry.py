@@ -22,16 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sharpgrpo.diagnostics.token_page import (
-    BOOSTED_RGB,
-    DAMPED_RGB,
-    STYLE,
-    ZEROED,
-    _prompt_text,
-    factor_shade,
-    shade,
-    write_page,
-)
+from sharpgrpo.diagnostics.token_page import REPLACEMENT, STYLE, Shading, _prompt_text, write_page
 from sharpgrpo.training.telemetry.recorder import METADATA_KEY, REQUIRED, SCHEMA_VERSION
 
 FILTERS = {
@@ -188,35 +179,10 @@ def column_kind(column: str) -> str:
     return "level"
 
 
-LEVEL_RGB = (60, 160, 90)  # green: a level column (p, entropy, logp, ...), full colour at the page's maximum
-
-
-def shader(values: np.ndarray, column: str):
-    """A function value -> CSS background for ``column`` on a page whose values are ``values``."""
-    finite = values[np.isfinite(values)]
-    kind = column_kind(column)
-    if kind == "factor":
-        positive = finite[finite > 1e-12]
-        bounds = (min([1.0, *positive.tolist()]), max([1.0, *positive.tolist()]))
-        return lambda v: "" if not np.isfinite(v) else factor_shade(float(v), bounds)
-    if kind == "around_one":
-        bounds = (min([1.0, *finite.tolist()]), max([1.0, *finite.tolist()]))
-        return lambda v: "" if not np.isfinite(v) else (ZEROED if v == 0 else shade(float(v), bounds))
-    if kind == "signed":
-        scale = float(np.abs(finite).max()) if len(finite) else 1.0
-        scale = scale or 1.0
-
-        def signed(v):
-            if not np.isfinite(v):
-                return ""
-            rgb = BOOSTED_RGB if v > 0 else DAMPED_RGB
-            return f"rgba({rgb[0]},{rgb[1]},{rgb[2]},{min(1.0, abs(v) / scale):.3f})"
-
-        return signed
-    low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
-    span = (high - low) or 1.0
-    return lambda v: "" if not np.isfinite(v) else \
-        f"rgba({LEVEL_RGB[0]},{LEVEL_RGB[1]},{LEVEL_RGB[2]},{(v - low) / span:.3f})"
+def shading(values, column: str) -> Shading:
+    """The page's colours for ``column`` over the ``values`` drawn (:class:`sharpgrpo.diagnostics.token_page.Shading`:
+    quantile bins on each side of the neutral value, a legend of exactly the bins drawn)."""
+    return Shading(np.asarray(values, dtype=np.float64).tolist(), column, column_kind(column))
 
 
 def _hover(token, columns: Sequence[str]) -> str:
@@ -248,7 +214,8 @@ def completions(frame, column: str) -> list[dict[str, Any]]:
             "advantage_trl": float(first["advantage_trl"]),
             "advantage": float(kept["advantage"].mean()) if len(kept) else math.nan,
             "tokens": [
-                {**{c: _plain(t[c]) for c in hover}, "token": t["token"], "picked": bool(t["picked"]),
+                {**{c: _plain(t[c]) for c in hover}, "token": t["token"], "token_id": int(t["token_id"]),
+                 "picked": bool(t["picked"]),
                  "mask": int(t["mask"]), "clip_low": bool(t["clip_low"]), "clip_high": bool(t["clip_high"]),
                  "position": int(t["position"])}
                 for t in rows.to_dict("records")
@@ -269,6 +236,7 @@ EXTRA_STYLE = """
 .tok.picked { outline: 2px solid #d62728; }
 .tok.clip { text-decoration: underline wavy #d62728; }
 .tok.off { color: #999; }
+.empty { border: 1px solid #d62728; padding: 8px 12px; color: #a00; }
 .pair { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; }
 .pair h3 { font-size: 14px; margin: 4px 0; }
 table.summary { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
@@ -278,16 +246,21 @@ table.summary td, table.summary th { border: 1px solid #ccc; padding: 2px 8px; t
 
 def _tokens_html(entry: dict[str, Any], column: str, colour) -> str:
     spans = []
-    hover_columns = [k for k in entry["tokens"][0] if k not in ("token", "picked", "mask", "clip_low", "clip_high",
-                                                                 "position")] if entry["tokens"] else []
+    hover_columns = [k for k in entry["tokens"][0] if k not in ("token", "token_id", "picked", "mask", "clip_low",
+                                                                 "clip_high", "position")] if entry["tokens"] else []
     for token in entry["tokens"]:
+        text = token["token"]
+        undecodable = REPLACEMENT in text  # bytes of an unfinished character: its id tells such tokens apart
         classes = ["tok"] + (["picked"] if token["picked"] else []) + (
-            ["clip"] if token["clip_low"] or token["clip_high"] else []) + (["off"] if token["mask"] == 0 else [])
+            ["clip"] if token["clip_low"] or token["clip_high"] else []) + (["off"] if token["mask"] == 0 else []) + (
+            ["bytes"] if undecodable else [])
         value = token.get(column)
-        style = colour(np.float64(value if value is not None else math.nan))
-        title = _hover(token, hover_columns)
+        style = colour.colour(value if value is not None else math.nan)
+        title = _hover(token, hover_columns) + (f" token_id={token['token_id']} (bytes of no whole character)"
+                                                if undecodable else "")  # fmt: skip
+        shown = f"<id {token['token_id']}>" if undecodable else text
         spans.append(f'<span class="{" ".join(classes)}" style="{("background:" + style) if style else ""}" '
-                     f'title="{html.escape(title)}">{html.escape(token["token"])}</span>')
+                     f'title="{html.escape(title)}">{html.escape(shown)}</span>')
     return "".join(spans)
 
 
@@ -306,28 +279,14 @@ def _box(entry: dict[str, Any], column: str, colour) -> list[str]:
     ]
 
 
-def _legend(column: str, values: np.ndarray, colour) -> str:
-    finite = values[np.isfinite(values)]
-    if not len(finite):
-        return ""
-    kind = column_kind(column)
-    marks = sorted({float(finite.min()), float(np.median(finite)), float(finite.max())}
-                   | ({1.0} if kind in ("around_one", "factor") else set()) | ({0.0} if kind == "signed" else set()))
-    marks = list({f"{v:.3g}": v for v in marks}.values())  # one swatch per shown value
-    legend = "".join(f'<span style="background:{colour(np.float64(v))}">{html.escape(column)}={v:.3g}</span>'
-                     for v in marks)
-    if kind == "factor":
-        legend += f'<span style="background:{ZEROED}">0 (dropped)</span>'
-    return legend
-
-
 def _summary_table(summaries: dict[str, dict[str, Any]]) -> str:
     names = ["completions", "loss_tokens", "clip_low", "clip_high", "mean_weight", "zero_weight",
              "mean_abs_advantage", "loss"]
     head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
     rows = "".join(
         f"<tr><th>{html.escape(label)}</th>" + "".join(
-            f"<td>{s[n]:.4g}</td>" if isinstance(s[n], float) else f"<td>{s[n]}</td>" for n in names) + "</tr>"
+            (f"<td>{s[n]:.4g}</td>" if math.isfinite(s[n]) else "<td>-</td>") if isinstance(s[n], float)
+            else f"<td>{s[n]}</td>" for n in names) + "</tr>"
         for label, s in summaries.items()
     )
     return f'<table class="summary"><tr><th></th>{head}</tr>{rows}</table>'
@@ -338,36 +297,59 @@ def describe(meta: dict[str, Any]) -> str:
     return ", ".join(f"{k} {meta[k]}" for k in keys if k in meta)
 
 
-def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str, token_filter: str | None) -> str:
+def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str | Sequence[str],
+                   token_filter: str | None) -> str:  # fmt: skip
     """The HTML text: ``runs`` is one or two ``(label, selected frame, metadata)``; two are shown side by side,
-    completion by completion (matched by prompt and completion index)."""
-    if any(column not in frame for _, frame, _ in runs):
-        available = sorted(c for c in runs[0][1].columns if runs[0][1][c].dtype.kind in "fiub")
-        from sharpgrpo.validation import did_you_mean
+    completion by completion (matched by prompt and completion index). ``column`` shades every run, or is one column
+    per run (each run shaded by its own strategy's column: ``weight`` beside ``factor``); runs shaded by the same
+    column share one colour scale and legend."""
+    columns = [column] * len(runs) if isinstance(column, str) else list(column)
+    for (_, frame, _), name in zip(runs, columns, strict=True):
+        if name not in frame:
+            available = sorted(c for c in frame.columns if frame[c].dtype.kind in "fiub")
+            from sharpgrpo.validation import did_you_mean
 
-        raise ValueError(f"--shade {column!r}: not a column of the telemetry{did_you_mean(column, available)}; "
-                         f"numeric columns: {', '.join(available)}")  # fmt: skip
-    values = np.concatenate([frame[column].to_numpy(dtype=np.float64) for _, frame, _ in runs])
-    colour = shader(values, column)
+            raise ValueError(f"--shade {name!r}: not a column of the telemetry{did_you_mean(name, available)}; "
+                             f"numeric columns: {', '.join(available)}")  # fmt: skip
+    shared = len(set(columns)) == 1
+    if shared:
+        one = shading(np.concatenate([f[columns[0]].to_numpy(dtype=np.float64) for _, f, _ in runs]), columns[0])
+        colours = [one] * len(runs)
+    else:
+        colours = [shading(f[c].to_numpy(dtype=np.float64), c) for (_, f, _), c in zip(runs, columns, strict=True)]
     title = " vs ".join(label for label, _, _ in runs)
     filter_text = f" Outlined in red: tokens where {FILTERS[token_filter]} (only completions holding one are shown)." \
         if token_filter else ""
+    heading = " and ".join(dict.fromkeys(columns))
+    if shared:
+        legends = f'<p class="legend">{colours[0].legend()}</p>'
+    else:
+        legends = "".join(f'<p class="legend"><b>{html.escape(label)}</b> ({html.escape(c)}): {shade.legend()}</p>'
+                          for (label, _, _), c, shade in zip(runs, columns, colours, strict=True))  # fmt: skip
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>Token telemetry: {html.escape(title)}</title><style>{STYLE}{EXTRA_STYLE}</style></head><body>",
-        f"<h2>What was trained on: tokens shaded by <code>{html.escape(column)}</code></h2>",
+        f"<h2>What was trained on: tokens shaded by <code>{html.escape(heading)}</code></h2>",
         "<ul>" + "".join(f"<li><b>{html.escape(label)}</b>: {html.escape(describe(meta))}</li>"
                          for label, _, meta in runs) + "</ul>",
         (f"<p>Every value is the tensor the loss used (per-token telemetry, no model). Wavy underline: a clip bound "
-         f"was active; grey text: out of the loss. Hover a token for its columns.{filter_text}</p>"),
+         f"was active; grey text: out of the loss; a dotted box: a token that is bytes of no whole character, shown "
+         f"by its id. Colours: each side of the neutral value split into bins of about equal size, darker away from "
+         f"it; the legend lists every bin drawn with its values' range and number of tokens. Hover a token for its "
+         f"columns.{filter_text}</p>"),
         _summary_table({label: summary(frame) for label, frame, _ in runs}),
-        f'<p class="legend">{_legend(column, values, colour)}</p>',
     ]
-    sides = [completions(frame, column) for _, frame, _ in runs]
+    if all(len(frame) == 0 for _, frame, _ in runs):
+        what = f"no token matches --filter {token_filter} ({FILTERS[token_filter]})" if token_filter else "no token"
+        parts += [f'<p class="empty">Nothing to show: in the steps and groups picked, {html.escape(what)}.</p>',
+                  "</body></html>"]  # fmt: skip
+        return "\n".join(parts) + "\n"
+    parts.append(legends)
+    sides = [completions(frame, c) for (_, frame, _), c in zip(runs, columns, strict=True)]
     if len(runs) == 1:
         for entry in sides[0]:
-            parts += _box(entry, column, colour)
+            parts += _box(entry, columns[0], colours[0])
     else:
         right = {(e["prompt_index"], e["completion_index"]): e for e in sides[1]}
         parts.append('<div class="pair">' + "".join(f"<h3>{html.escape(label)}</h3>" for label, _, _ in runs)
@@ -376,12 +358,12 @@ def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str,
             other = right.pop((entry["prompt_index"], entry["completion_index"]), None)
             same = other is not None and other["prompt"] == entry["prompt"]
             parts.append('<div class="pair">')
-            parts.append("<div>" + "\n".join(_box(entry, column, colour)) + "</div>")
-            parts.append("<div>" + ("\n".join(_box(other, column, colour)) if other is not None else "") +
+            parts.append("<div>" + "\n".join(_box(entry, columns[0], colours[0])) + "</div>")
+            parts.append("<div>" + ("\n".join(_box(other, columns[1], colours[1])) if other is not None else "") +
                          ("" if same or other is None else "<p><i>another prompt at this index</i></p>") + "</div>")
             parts.append("</div>")
         for other in right.values():
-            parts += ['<div class="pair"><div></div><div>', *_box(other, column, colour), "</div></div>"]
+            parts += ['<div class="pair"><div></div><div>', *_box(other, columns[1], colours[1]), "</div></div>"]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

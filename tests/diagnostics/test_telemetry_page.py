@@ -7,6 +7,7 @@ the same batch off-policy and the clip acts).
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -180,3 +181,105 @@ def test_truncated_and_foreign_files_are_refused_with_one_line(runs, tmp_path):
     lines = [line for line in done.stderr.strip().splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and str(truncated) in lines[0]
     assert main(["--telemetry", str(renamed), "--output", str(tmp_path / "ok")])["step"] == 1
+
+
+class Legend(HTMLParser):
+    """The legend swatches (css background, label) of a page, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.swatches, self._swatch = [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "span" and "swatch" in (attrs.get("class") or "").split():
+            self._swatch = [attrs.get("style", "").removeprefix("background:"), ""]
+
+    def handle_data(self, data):
+        if self._swatch is not None:
+            self._swatch[1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "span" and self._swatch is not None:
+            self.swatches.append(tuple(self._swatch))
+            self._swatch = None
+
+
+def legend_of(folder) -> list[tuple[str, str]]:
+    parser = Legend()
+    parser.feed((folder / "tokens.html").read_text())
+    return parser.swatches
+
+
+def drawn_values(frame, boxes, column) -> dict[str, list[float]]:
+    """css background -> the values (from the telemetry file) of the tokens drawn in it, the page's spans aligned
+    with the file's rows (row, then position)."""
+    drawn: dict[str, list[float]] = {}
+    rows = [frame[frame["row"] == row].sort_values("position") for row in sorted(frame["row"].unique())]
+    assert len(rows) == len(boxes)
+    for tokens, box in zip(rows, boxes, strict=True):
+        assert len(box["spans"]) == len(tokens)
+        for (_, _, _, style), value in zip(box["spans"], tokens[column].to_numpy(dtype=float), strict=True):
+            drawn.setdefault(style.removeprefix("background:") or "none", []).append(float(value))
+    return drawn
+
+
+@pytest.mark.parametrize("column", ["factor", "weight", "entropy", "ratio", "advantage"])
+def test_every_legend_swatch_is_a_colour_drawn_with_its_tokens_range_and_count(runs, tmp_path, column):
+    """No swatch for a value no token has, no colour drawn without its swatch: each swatch's colour is drawn, its
+    label gives the exact range (3 significant digits) and number of the tokens drawn in it."""
+    main(["--telemetry", str(runs["boost"]), "--step", "1", "--shade", column, "--max_groups", "99",
+          "--output", str(tmp_path)])  # fmt: skip
+    frame, _ = read_telemetry(runs["boost"] / "telemetry" / "telemetry_000001.parquet")
+    drawn = drawn_values(frame, page_boxes(tmp_path), column)
+    legend = legend_of(tmp_path)
+    assert sorted(css for css, _ in legend) == sorted(drawn)  # one swatch per colour drawn, and only those
+    for css, label in legend:
+        values = drawn[css]
+        match = re.fullmatch(rf"{re.escape(column)} (\S+)(?: to (\S+))?(?: \((?:dropped|unchanged)\))?: (\d+)", label)
+        assert match, label
+        assert int(match.group(3)) == len(values)
+        if css == "none":
+            assert match.group(1) == "none" and all(math.isnan(v) for v in values)
+            continue
+        low, high = (float(f"{v:.4g}") for v in (min(values), max(values)))  # binned as the hover shows them
+        assert match.group(1) == f"{low:.3g}" and (match.group(2) or match.group(1)) == f"{high:.3g}"
+    if column == "entropy":  # real contrast: the entropies crowd, quantile bins still give light to dark
+        alphas = sorted(float(css.rsplit(",", 1)[1].rstrip(")")) for css in drawn if css != "none")
+        assert len(alphas) >= 4 and alphas[0] <= 0.5 and alphas[-1] == 1.0
+
+
+def test_a_filter_that_matches_nothing_says_so(runs, tmp_path, capsys):
+    frame, _ = read_telemetry(runs["boost"] / "telemetry" / "telemetry_000002.parquet")
+    assert not (frame["weight"] == 0).any()  # GRPO-SG's weights are >= 1: no zero weight
+    main(["--telemetry", str(runs["boost"]), "--filter", "zero_weight", "--output", str(tmp_path)])
+    page = (tmp_path / "tokens.html").read_text()
+    assert "Nothing to show: in the steps and groups picked, no token matches --filter zero_weight" in page
+    assert ">nan<" not in page and page_boxes(tmp_path) == []
+    assert "no token of step 2 matches --filter zero_weight" in capsys.readouterr().err
+
+
+def test_each_side_is_shaded_by_its_own_column_and_byte_tokens_differ(runs, tmp_path):
+    """Two columns side by side (an advantage strategy's factor, a weight strategy's weight): each side's colours and
+    legend are its own column's; tokens that are bytes of no whole character show their ids, not one glyph."""
+    from sharpgrpo.diagnostics.telemetry import select_tokens, shading, write_telemetry_page
+
+    frame, meta = read_telemetry(runs["boost"] / "telemetry" / "telemetry_000001.parquet")
+    frame = select_tokens(frame, max_groups=1)
+    broken = frame.index[:2]
+    frame.loc[broken, "token"] = "\ufffd"
+    frame.loc[broken, "token_id"] = [201, 202]
+    write_telemetry_page(tmp_path / "tokens.html", [("left", frame, meta), ("right", frame, meta)],
+                         ["factor", "weight"], None)  # fmt: skip
+    boxes = page_boxes(tmp_path)
+    left, right = boxes[0::2], boxes[1::2]
+    factor, weight = shading(frame["factor"].to_numpy(), "factor"), shading(frame["weight"].to_numpy(), "weight")
+    rows = [frame[frame["row"] == row].sort_values("position") for row in sorted(frame["row"].unique())]
+    for tokens, a, b in zip(rows, left, right, strict=True):
+        assert [s[3] for s in a["spans"]] == [("background:" + factor.colour(v)) if factor.colour(v) else ""
+                                              for v in tokens["factor"]]  # fmt: skip
+        assert [s[3] for s in b["spans"]] == ["background:" + weight.colour(v) for v in tokens["weight"]]
+    texts = [s[2] for s in left[0]["spans"][:2]]
+    assert texts == ["<id 201>", "<id 202>"] and all("bytes" in s[0].split() for s in left[0]["spans"][:2])
+    page = (tmp_path / "tokens.html").read_text()
+    assert "<b>left</b> (factor): " in page and "<b>right</b> (weight): " in page
