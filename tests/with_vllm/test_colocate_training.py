@@ -89,13 +89,16 @@ def registered_strategies(kind: str | None = None) -> list[str]:
                   and (kind is None or STRATEGIES.get(n).kind == kind))
 
 
-def settings_for(strategies: list[str]) -> dict:
-    """What a strategy needs beyond the defaults: a loss type it is defined for (GMPO: grpo), and TRL's own vLLM
-    correction off beside a rollout correction (one correction, not two)."""
+def settings_for(strategies: list[str], model: str) -> dict:
+    """What a strategy needs beyond the defaults: a loss type it is defined for (GMPO: grpo), TRL's own vLLM
+    correction off beside a rollout correction (one correction, not two), and a teacher for the distillation
+    strategies that read one (the model itself)."""
     from sharpgrpo.strategies import STRATEGIES
 
     settings = {}
     for name in strategies:
+        if "teacher_logps" in getattr(STRATEGIES.get(name), "needs_inputs", ()):
+            settings["teacher_model"] = model
         loss_types = getattr(STRATEGIES.get(name), "loss_types", None)
         if loss_types and "dapo" not in loss_types:  # TRL's default loss type
             settings["loss_type"] = loss_types[0]
@@ -105,7 +108,7 @@ def settings_for(strategies: list[str]) -> dict:
 
 
 def train_two_steps(model, tmp_path, strategies: list[str]):
-    trainer = make_trainer(model, vllm_config(tmp_path, strategies=strategies, **settings_for(strategies)),
+    trainer = make_trainer(model, vllm_config(tmp_path, strategies=strategies, **settings_for(strategies, model)),
                            reward_funcs=[binary_letters_reward])
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
