@@ -104,8 +104,25 @@ def write_model_card(trainer, parent_create_model_card, model_name=None, dataset
         text = card.read()
     repo_id = trainer.hub_model_id or args.hub_model_id
     text = fix_card_links(text, base_model or trainer.base_model_name, dataset_name, repo_id, args.output_dir)
+    text = credit_every_paper(text, args.strategies)
     with open(path, "w", encoding="utf-8") as card:
         card.write(text + "\n" + strategy_card_section(args))
+
+
+def credit_every_paper(text: str, strategies) -> str:
+    """TRL's card credits one paper ("a method introduced in [title](link)", the first strategy's): with several
+    strategies of different papers, the sentence names each of them."""
+    import re
+
+    papers = list({p.title: p for p in map(strategy_paper, strategies) if p is not None}.values())
+    if len(papers) < 2:
+        return text
+    links = [f"[{p.title}](https://huggingface.co/papers/{p.id})" if p.id else p.title for p in papers]
+    credit = ", with methods introduced in " + ", ".join(links[:-1]) + " and " + links[-1]
+    # TRL's sentence, with its one paper or without (TRL drops it when that paper has no arXiv id)
+    pattern = (r"(This model was trained with [^\n]*?)(, a method introduced in \[[^\]]*\]"
+               r"\(https://huggingface\.co/papers/[^)]*\))?\.(?=\s|$)")
+    return re.sub(pattern, lambda match: match.group(1) + credit + ".", text, count=1)
 
 
 def trl_paper(strategies, default: dict) -> dict:
