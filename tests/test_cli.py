@@ -77,3 +77,13 @@ def test_train_without_config_says_so_and_help_lists_config():
     usage = run("train", "--help").stdout
     assert usage.startswith("usage: sharpgrpo train [-h] [--config CONFIG] ")
     assert "The YAML config: a file, or a shipped config's name (cw_grpo_math_cpu, " in " ".join(usage.split())
+
+
+def test_train_help_lists_the_registered_datasets_and_rewards():
+    from reward_fns import REWARD_FUNCTIONS
+
+    from sharpgrpo.data.registry import DATASETS
+
+    usage = " ".join(run("train", "--help").stdout.split())
+    assert f"Registered: {', '.join(DATASETS.names())}." in usage
+    assert f"Registered: {', '.join(REWARD_FUNCTIONS.names())}." in usage

@@ -38,7 +38,7 @@ class TaskArguments:
     dataset_name: str = field(
         default="demo",
         metadata={
-            "help": "A registered dataset (demo, kk, kk_shared, math_eval), a local .jsonl/.json/.parquet file or "
+            "help": "A registered dataset (`--help` lists them), a local .jsonl/.json/.parquet file or "
             "folder, or a Hugging Face Hub id."
         },
     )
@@ -52,7 +52,7 @@ class TaskArguments:
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["allowed_letters"],
-        metadata={"help": "Reward functions by registered name (kk, math, qa_em, think_format, ...) or dotted path."},
+        metadata={"help": "Reward functions by registered name (`--help` lists them) or dotted path."},
     )
     plot: bool = field(default=True, metadata={"help": "Write training_curves.png into output_dir at the end."})
     save_completions: bool = field(
@@ -276,6 +276,14 @@ def parse_arguments(args: list[str]) -> tuple:
     for actions in (parser._actions, parser._optionals._group_actions):  # listed first, after -h, not 1,700 lines down
         actions.remove(config)
         actions.insert(1, config)
+    if any(a in ("-h", "--help") for a in args):  # the registered names, from the registries (settings add theirs)
+        from reward_fns import REWARD_FUNCTIONS
+
+        from sharpgrpo.data.registry import DATASETS
+
+        for dest, registry in (("dataset_name", DATASETS), ("reward_funcs", REWARD_FUNCTIONS)):
+            action = next(a for a in parser._actions if a.dest == dest)
+            action.help = f"{action.help} Registered: {', '.join(registry.names())}."
     if config_path_from_args(list(args)) is not None or any(a in ("-h", "--help") for a in args):
         return tuple(parser.parse_args_and_config(list(args)))
     if not args:
