@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sharpgrpo.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,3 +89,15 @@ def test_train_help_lists_the_registered_datasets_and_rewards():
     usage = " ".join(run("train", "--help").stdout.split())
     assert f"Registered: {', '.join(DATASETS.names())}." in usage
     assert f"Registered: {', '.join(REWARD_FUNCTIONS.names())}." in usage
+
+
+@pytest.mark.slow  # builds the tiny model once (a 300-step warm start)
+def test_the_tiny_model_says_when_it_is_built(tmp_path):
+    code = "from sharpgrpo.models.prepared import resolve_model_name; resolve_model_name('sharpgrpo-tiny')"
+    env = {**os.environ, "SHARPGRPO_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    first, again = (subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+                    for _ in range(2))  # fmt: skip
+    assert first.returncode == again.returncode == 0, first.stderr[-2000:]
+    notices = [line for line in first.stderr.splitlines() if line.startswith("[sharpgrpo] building sharpgrpo-tiny")]
+    assert len(notices) == 1 and str(tmp_path) in notices[0]
+    assert "[sharpgrpo] building" not in again.stderr  # built once, then reused silently

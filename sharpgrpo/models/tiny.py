@@ -144,4 +144,10 @@ def _supervised_warm_start(model, tokenizer, texts, steps: int, batch_size: int 
 
 @register_prepared_model(TINY_MODEL_NAME)
 def prepare_tiny_model(cache_dir: Path) -> Path:
-    return build_tiny_model(cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}")
+    directory = cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}"
+    if not (directory / "config.json").exists():  # first use: say what the pause is
+        import sys
+
+        print(f"[sharpgrpo] building {TINY_MODEL_NAME} (first use: a 2-layer Qwen2 trained in memory, offline, "
+              f"seconds) into {directory}", file=sys.stderr, flush=True)  # fmt: skip
+    return build_tiny_model(directory)
