@@ -4,7 +4,13 @@ The trainer and config load lazily, so light modules (``sharpgrpo.registry``, ``
 functions) import without torch or TRL.
 """
 
+import warnings as _warnings
 from typing import TYPE_CHECKING
+
+# transformers 5 renamed gradient_checkpointing* to activation_checkpointing*; TRL 1.16's GRPOConfig default and its
+# trainer still use the old names, so every run and every Python session warned three times, with transformers'
+# source lines, about settings the user never wrote (the command line filtered it already; now the library does).
+_warnings.filterwarnings("ignore", message=r"`\w*gradient_checkpointing\w*` is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
 __all__ = ["STRATEGIES", "SharpGRPOConfig", "SharpGRPOTrainer", "register_strategy", "__version__"]

@@ -113,6 +113,8 @@ def test_python_blocks_run_as_written(tmp_path):
         done = subprocess.run([sys.executable, "block.py"], cwd=folder, env=env, capture_output=True, text=True,
                               timeout=600)  # fmt: skip
         assert done.returncode == 0, f"README python block {index}:\n{block}\n{done.stderr[-3000:]}"
+        # no raw Python warning with a library's source line (transformers' renamed gradient_checkpointing, ...)
+        assert "Warning: " not in done.stderr and "warnings.warn(" not in done.stderr, done.stderr[-3000:]
         if probe:
             steps = int(done.stdout.split("GLOBAL_STEP")[-1])
             assert steps == int(re.search(r"max_steps=(\d+)", block)[1])
