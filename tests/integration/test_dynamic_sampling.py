@@ -212,3 +212,12 @@ def test_two_processes_end_each_step_with_the_same_groups(tiny_model_path, tmp_p
         assert 0 <= metrics["dynamic_sampling/extra_rounds"] <= 6
         assert metrics["dynamic_sampling/groups_generated"] == 4 * (metrics["dynamic_sampling/extra_rounds"] + 1)
     assert ranks[0]["metrics"][0]["dynamic_sampling/groups_unfilled"] == 0
+
+
+def test_an_unknown_filter_names_the_setting_and_the_rewards(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match=r"dynamic_sampling_filter='nope': must be reward_std, accuracy or the name "
+                                         r"of one of the run's reward functions .*: solved_often_reward\."):
+        train(tiny_model_path, tmp_path / "nope", dynamic_sampling=True, dynamic_sampling_filter="nope")
+    trainer = train(tiny_model_path, tmp_path / "named", dynamic_sampling=True,
+                    dynamic_sampling_filter="rewards/solved_often_reward/mean")  # the logged column's name
+    assert all(equal_reward_groups(rewards) == 0 for rewards, _ in trainer.trained_rewards)
