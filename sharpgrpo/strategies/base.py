@@ -20,8 +20,7 @@ inherits); a strategy reads them as plain attributes and lists them in ``params`
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -99,6 +98,35 @@ def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
     for count in counts.tolist():
         yield slice(start, start + count)
         start += count
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over ``mask`` (any 0/1 dtype, broadcastable), over everything or along ``dim``; 0 where the
+    mask selects nothing. The one masked mean the strategies share (their metrics and statistics)."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def warn_on_policy(name: str, what: str, args: Any) -> None:
+    """Warn when training is on-policy (p_old = p in every update), where ``what`` (a loss strategy's term that reads
+    the ratio p / p_old) does nothing."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    if args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0:
+        warnings.warn(
+            f"strategies: {name} with num_iterations=1 and steps_per_generation <= gradient_accumulation_steps "
+            f"(on-policy: p_old = p in every update): {what}. Set num_iterations > 1 or steps_per_generation > "
+            "gradient_accumulation_steps, as the released runs do (several mini-batch updates per batch).",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def unclipped_range(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token clip range (``LossTerms.epsilon_low``, ``epsilon_high``) that removes PPO's clip:
+    clamp(r, 1 - 1, 1 + inf) = r (0-d tensors on ``like``'s device)."""
+    return like.new_tensor(1.0), like.new_tensor(float("inf"))
 
 
 class Strategy:

@@ -22,7 +22,16 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+from sharpgrpo.strategies.base import (
+    LossContext,
+    LossTerms,
+    StrategyPaper,
+    TokenLossStrategy,
+    masked_mean,
+    register_strategy,
+    unclipped_range,
+    warn_on_policy,
+)
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 from sharpgrpo.validation import ConfigError
 
@@ -111,26 +120,6 @@ def kl_cov_penalty(logps: torch.Tensor, old_logps: torch.Tensor, selected: torch
     return coef * (logps - old_logps).abs() * selected.to(logps.dtype)
 
 
-def _masked_mean(values: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    selected = selected.to(values.dtype)
-    return (values * selected).sum() / selected.sum().clamp(min=1.0)
-
-
-def _warn_on_policy(name: str, what: str, args: Any) -> None:
-    """Warn when training is on-policy (p_old = p in every update), where ``what`` does nothing."""
-    import warnings
-
-    generate_every = args.steps_per_generation * args.num_iterations
-    if args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0:
-        warnings.warn(
-            f"strategies: {name} with num_iterations=1 and steps_per_generation <= gradient_accumulation_steps "
-            f"(on-policy: p_old = p in every update): {what}. Set num_iterations > 1 or steps_per_generation > "
-            "gradient_accumulation_steps, as the released runs do (several mini-batch updates per batch).",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
 @register_strategy("clip_cov")
 class ClipCov(TokenLossStrategy):
     """Clip-Cov: the policy term of a random ``clip_cov_ratio`` of the tokens with ``clip_cov_lb`` < c <
@@ -163,10 +152,10 @@ class ClipCov(TokenLossStrategy):
         terms = LossTerms(gradient_mask=kept) if args.clip_cov_keep_value else LossTerms(token_mask=kept)
         valid = context.mask.bool()
         metrics = {
-            "clip_cov/frac_selected": _masked_mean(selected.float(), valid),
-            "clip_cov/frac_candidates": _masked_mean(candidates.float(), valid),
-            "clip_cov/mean_cov_selected": _masked_mean(covariance, selected),
-            "clip_cov/mean_cov": _masked_mean(covariance, valid),
+            "clip_cov/frac_selected": masked_mean(selected.float(), valid),
+            "clip_cov/frac_candidates": masked_mean(candidates.float(), valid),
+            "clip_cov/mean_cov_selected": masked_mean(covariance, selected),
+            "clip_cov/mean_cov": masked_mean(covariance, valid),
         }
         return terms, metrics
 
@@ -199,7 +188,7 @@ class KLCov(TokenLossStrategy):
     @classmethod
     def check_config(cls, args: Any) -> None:
         super().check_config(args)
-        _warn_on_policy("kl_cov", "its penalty |log p - log p_old| is 0 with gradient 0, so kl_cov is the "
+        warn_on_policy("kl_cov", "its penalty |log p - log p_old| is 0 with gradient 0, so kl_cov is the "
                         "unclipped surrogate", args)
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
@@ -211,14 +200,11 @@ class KLCov(TokenLossStrategy):
             terms.epsilon_low, terms.epsilon_high = unclipped_range(context.logps)
         valid = context.mask.bool()
         metrics = {
-            "kl_cov/frac_selected": _masked_mean(selected.float(), valid),
-            "kl_cov/mean_cov_selected": _masked_mean(covariance, selected),
-            "kl_cov/abs_log_ratio_selected": _masked_mean((context.logps - context.old_logps).detach().abs(),
+            "kl_cov/frac_selected": masked_mean(selected.float(), valid),
+            "kl_cov/mean_cov_selected": masked_mean(covariance, selected),
+            "kl_cov/abs_log_ratio_selected": masked_mean((context.logps - context.old_logps).detach().abs(),
                                                           selected),
         }
         return terms, metrics
 
 
-def unclipped_range(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-token clip range that removes PPO's clip: clamp(r, 1 - 1, 1 + inf) = r (0-d tensors)."""
-    return like.new_tensor(1.0), like.new_tensor(float("inf"))

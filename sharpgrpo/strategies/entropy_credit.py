@@ -29,9 +29,15 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
+from sharpgrpo.strategies.base import (
+    AdvantageStrategy,
+    GenerationBatch,
+    StrategyPaper,
+    group_slices,
+    masked_mean,
+    register_strategy,
+)
 from sharpgrpo.strategies.correctness import batch_correct
-from sharpgrpo.strategies.thr import group_slices
 
 GTPO_EPS = 1e-8  # the denominators of the shares and of the normalisation (GTPO Remark 2.1's epsilon)
 
@@ -42,8 +48,8 @@ def _sampling_entropies(batch: GenerationBatch, name: str) -> torch.Tensor:
     return batch.entropies.to(batch.advantages.dtype)
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values * mask).sum() / mask.sum().clamp_min(1))
+def _mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(masked_mean(values, mask))
 
 
 def entropy_shaped_advantages(advantages: torch.Tensor, entropies: torch.Tensor, alpha: float, kappa: float
@@ -141,9 +147,9 @@ class EntropyShapingStrategy(AdvantageStrategy):
         shaped = torch.where(mask.bool(), shaped, batch.advantages)
         capped = (batch.advantages.abs() / self.args.entropy_shaping_kappa < self.args.entropy_shaping_alpha * entropies)
         return shaped, {
-            "entropy_shaping/bonus_mean": _masked_mean(bonus, mask),
-            "entropy_shaping/frac_capped": _masked_mean(capped.to(mask.dtype), mask),
-            "entropy_shaping/entropy_mean": _masked_mean(entropies, mask),
+            "entropy_shaping/bonus_mean": _mean(bonus, mask),
+            "entropy_shaping/frac_capped": _mean(capped.to(mask.dtype), mask),
+            "entropy_shaping/entropy_mean": _mean(entropies, mask),
         }
 
 
@@ -194,7 +200,7 @@ class GTPOStrategy(AdvantageStrategy):
                                         args.gtpo_normalization == "separate")
         mask = batch.completion_mask.to(out.dtype)
         return out, {
-            "gtpo/frac_positive": _masked_mean((out > 0).to(out.dtype), mask),
-            "gtpo/abs_mean": _masked_mean(out.abs(), mask),
-            "gtpo/entropy_mean": _masked_mean(entropies, mask),
+            "gtpo/frac_positive": _mean((out > 0).to(out.dtype), mask),
+            "gtpo/abs_mean": _mean(out.abs(), mask),
+            "gtpo/entropy_mean": _mean(entropies, mask),
         }

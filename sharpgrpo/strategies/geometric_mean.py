@@ -18,8 +18,14 @@ import warnings
 
 import torch
 
-from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
-from sharpgrpo.strategies.entropy_covariance import _masked_mean
+from sharpgrpo.strategies.base import (
+    LossContext,
+    LossTerms,
+    StrategyPaper,
+    TokenLossStrategy,
+    masked_mean,
+    register_strategy,
+)
 
 GMPO_PAPER = StrategyPaper(
     title="Geometric-Mean Policy Optimization",
@@ -96,4 +102,4 @@ class GMPO(TokenLossStrategy):
         terms = LossTerms(sequence_loss=loss, epsilon_low=context.logps.new_tensor(1 - math.exp(-low)),
                           epsilon_high=context.logps.new_tensor(math.exp(high) - 1))
         has_tokens = context.mask.sum(-1) > 0
-        return terms, {"gmpo/sequence_ratio_mean": _masked_mean(ratio.detach(), has_tokens)}
+        return terms, {"gmpo/sequence_ratio_mean": masked_mean(ratio.detach(), has_tokens)}

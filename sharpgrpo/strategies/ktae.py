@@ -34,9 +34,14 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
+from sharpgrpo.strategies.base import (
+    AdvantageStrategy,
+    GenerationBatch,
+    StrategyPaper,
+    group_slices,
+    register_strategy,
+)
 from sharpgrpo.strategies.correctness import batch_correct
-from sharpgrpo.strategies.thr import group_slices
 from sharpgrpo.validation import ConfigError
 
 BM25_K1 = 2.0

@@ -18,8 +18,16 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
-from sharpgrpo.strategies.entropy_covariance import _masked_mean, _warn_on_policy, unclipped_range
+from sharpgrpo.strategies.base import (
+    LossContext,
+    LossTerms,
+    StrategyPaper,
+    TokenLossStrategy,
+    masked_mean,
+    register_strategy,
+    unclipped_range,
+    warn_on_policy,
+)
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 
 DPPO_PAPER = StrategyPaper(
@@ -72,7 +80,7 @@ class _DPPO(TokenLossStrategy):
     @classmethod
     def check_config(cls, args: Any) -> None:
         super().check_config(args)
-        _warn_on_policy(cls.registered_name(), "p = p_old, so every token is inside the trust region and the mask "
+        warn_on_policy(cls.registered_name(), "p = p_old, so every token is inside the trust region and the mask "
                         "removes nothing", args)
 
     def trust_region(self, context: LossContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -87,9 +95,9 @@ class _DPPO(TokenLossStrategy):
         positive = valid & (context.advantages > 0)
         outside = 1.0 - inside
         metrics = {
-            "dppo/frac_masked": _masked_mean(outside, valid),
-            "dppo/frac_masked_positive": _masked_mean(outside, positive),
-            "dppo/frac_masked_negative": _masked_mean(outside, valid & ~positive),
+            "dppo/frac_masked": masked_mean(outside, valid),
+            "dppo/frac_masked_positive": masked_mean(outside, positive),
+            "dppo/frac_masked_negative": masked_mean(outside, valid & ~positive),
             **metrics,
         }
         return terms, metrics
@@ -106,7 +114,7 @@ class DPPOBinaryTV(_DPPO):
         inside = tv_trust_region_mask(context.logps, context.old_logps, context.advantages, self.args.dppo_tv_low,
                                       self.args.dppo_tv_high)
         difference = (torch.exp(context.logps.detach()) - torch.exp(context.old_logps)).abs()
-        return inside, {"dppo/mean_abs_prob_diff": _masked_mean(difference, context.mask.bool())}
+        return inside, {"dppo/mean_abs_prob_diff": masked_mean(difference, context.mask.bool())}
 
 
 @register_strategy("dppo_kl")
@@ -119,4 +127,4 @@ class DPPOBinaryKL(_DPPO):
     def trust_region(self, context):
         inside, divergence = kl_trust_region_mask(context.logps, context.old_logps, context.advantages,
                                                   self.args.dppo_kl_low, self.args.dppo_kl_high)
-        return inside, {"dppo/mean_binary_kl": _masked_mean(divergence, context.mask.bool())}
+        return inside, {"dppo/mean_binary_kl": masked_mean(divergence, context.mask.bool())}
