@@ -10,6 +10,8 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from sharpgrpo.validation import did_you_mean
+
 T = TypeVar("T")
 
 
@@ -66,8 +68,6 @@ class Registry(Generic[T]):
             return self._entries[name_or_path]
         if "." in name_or_path or ":" in name_or_path:
             return import_from_path(name_or_path)
-        from sharpgrpo.validation import did_you_mean
-
         raise ValueError(
             f"Unknown {self.kind} {name_or_path!r}{did_you_mean(name_or_path, self._entries)}. Valid names: "
             f"{', '.join(sorted(self._entries))}; "

@@ -18,7 +18,8 @@ PACKAGE = ROOT / "sharpgrpo"
 
 # Lowest first. Wings on one floor do not import each other.
 FLOORS = [
-    {"registry", "validation", "paths", "settings"},  # base: no sharpgrpo imports but each other
+    {"validation", "paths"},  # base: no sharpgrpo imports
+    {"registry", "settings"},  # name-keyed registries (their errors suggest names: validation.did_you_mean)
     {"strategy_params"},  # the one home of strategy parameters
     {"strategies"},  # pure tensor code: the methods, their registry and interfaces
     {"data"},
@@ -117,3 +118,86 @@ def test_the_top_level_is_small_and_the_readme_names_every_wing():
     wings = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
     for name in [f"{w}/" for w in wings] + [f"{m}.py" for m in top if m not in ("__init__", "__main__")]:
         assert f"`{name}" in layout, f"README's layout does not name {name}"
+
+
+def test_the_trainer_stays_glue():
+    """trainer.py overrides TRL's hooks and hands on; what they call lives in training/ (issue 40: at most 300 lines)."""
+    lines = (PACKAGE / "trainer.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"sharpgrpo/trainer.py has {lines} lines; move what a hook calls into sharpgrpo/training/"
+
+
+def layout_section() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme[readme.index("### Layout"):readme.index("### Tests and benchmarks")]
+
+
+def test_the_readme_layout_names_every_training_module():
+    """``training/`` is grouped by the hook that calls it: the layout names each group and each module in it."""
+    layout = layout_section()
+    training = PACKAGE / "training"
+    names = [f"{path.name}/" for path in training.iterdir() if (path / "__init__.py").is_file()]
+    names += [path.name for path in training.rglob("*.py") if path.name != "__init__.py"]
+    missing = sorted(name for name in names if f"`{name}`" not in layout)
+    assert not missing, f"README's layout does not name training's {missing}"
+
+
+DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md"]
+
+
+def defined_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def resolves(reference: str) -> bool:
+    """``sharpgrpo.a.b`` names a module, or a name defined in (or imported by) the longest module prefix."""
+    parts = reference.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            return cut == len(parts) or parts[cut] in defined_names(module)
+    return False
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_code_the_docs_name_exists(doc):
+    """Every file path (``sharpgrpo/...``, ``tests/...``, ``benchmarks/...``) and every dotted ``sharpgrpo.x.y`` the
+    user docs name exists: a module moved or renamed fails here until the docs follow it."""
+    import re
+
+    text = doc.read_text(encoding="utf-8")
+    paths = set(re.findall(r"(?<![\w/.])((?:sharpgrpo|tests|benchmarks)/[\w/.-]*\w)", text))
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    wings = {path.stem for path in PACKAGE.iterdir() if path.suffix == ".py" or (path / "__init__.py").is_file()}
+    dotted = {d for d in re.findall(r"(?<![\w/.])(sharpgrpo(?:\.\w+)+)", text)
+              if d.count(".") >= 2 or d.split(".")[1] in wings}  # `sharpgrpo.telemetry` is a metadata key
+    unresolved = sorted(d for d in dotted if not resolves(d))
+    assert not missing and not unresolved, f"{doc.name} names {missing + unresolved}, which do not exist"
+
+
+def test_references_to_methods_sections_exist():
+    """Every ``docs/methods.md §N`` (or ``§N.M``) in the code, tests, README and benchmarks names a section that
+    exists."""
+    import re
+
+    methods = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    sections = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", methods, flags=re.MULTILINE))
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+             ROOT / "README.md", ROOT / "docs" / "methods.md"]
+    wrong = set()
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for number in re.findall(r"docs/methods\.md(?:'s)?,? (?:section )?§ ?(\d+(?:\.\d+)?)", text):
+            if number not in sections:
+                wrong.add(f"{path.relative_to(ROOT)}: §{number}")
+    assert not wrong, f"references to sections docs/methods.md does not have: {sorted(wrong)}"
