@@ -35,7 +35,14 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+from sharpgrpo.strategies.base import (
+    LossContext,
+    LossTerms,
+    StrategyPaper,
+    TokenLossStrategy,
+    masked_mean,
+    register_strategy,
+)
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 
 SAFETY_BOUND = 20.0  # rollout_corr_helper.py line 74: |log r| clamped before exp
@@ -82,8 +89,9 @@ def _masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    count = mask.to(values.dtype).sum() if dim is None else mask.to(values.dtype).sum(dim=dim)
-    return _masked_sum(values, mask, dim) / count.clamp_min(1.0)
+    """The strategies' one masked mean (``base.masked_mean``), with NaN off the mask zeroed first (vLLM's padded
+    log-probabilities are NaN there)."""
+    return masked_mean(torch.where(mask.bool(), values, torch.zeros_like(values)), mask, dim)
 
 
 def log_ratio(train_logps: torch.Tensor, rollout_logps: torch.Tensor) -> torch.Tensor:
