@@ -220,6 +220,7 @@ def kept(tmp_path, tiny_model_path):
     )
     (tmp_path / "nested.yaml").write_text(Path(DEMO).read_text().replace(
         "reward_funcs: [allowed_letters]", "reward_funcs: [[allowed_letters]]"))  # fmt: skip
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "train_batch_size": "auto"}')
     (tmp_path / "null_model.yaml").write_text(Path(DEMO).read_text().replace(
         "model_name_or_path: sharpgrpo-tiny", "model_name_or_path: null"))  # fmt: skip
     return tmp_path
@@ -265,6 +266,11 @@ KEPT_CASES = [
     ("a mistyped config name", lambda t: ["train", "--config", "dmeo"], ["dmeo", "did you mean demo?"]),
     ("a mistyped reward", lambda t: _train(t, "new", "--reward_funcs", "alowed_letters"),
      ["did you mean allowed_letters?"]),
+    ("a DeepSpeed config that is not JSON", lambda t: _train(t, "new", "--deepspeed", str(t / "nested.yaml")),
+     ["deepspeed=", "nested.yaml", "not a JSON file (line 1"]),
+    # DeepSpeed missing here, or (installed) no GPU to run it: either way one line naming the field, before training
+    ("a DeepSpeed config that cannot run here", lambda t: _train(t, "new", "--deepspeed", str(t / "ds.json")),
+     ["deepspeed=", "ds.json"]),
 ]
 
 

@@ -74,9 +74,63 @@ class ConfigParser(TrlParser):
             unknown = unknown_option_error(args, self._option_string_actions, train_command())
             if unknown is not None:
                 raise unknown
+        deepspeed = _option_value(args, "--deepspeed")
+        if deepspeed is None and path is not None:
+            deepspeed = config.get("deepspeed")
+        if deepspeed not in (None, "", "None", "none"):
+            check_deepspeed(deepspeed)  # before transformers' own parsing raises a bare library error on it
         output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
         if return_remaining_strings:
             if separate_remaining_strings:
                 return output[:-1] + (remaining, output[-1])
             return output[:-1] + (remaining + output[-1],)
         return output
+
+
+def _option_value(args: list[str], flag: str):
+    """The value of ``flag`` in ``args`` (``--flag value`` or ``--flag=value``), or None."""
+    for index, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag and index + 1 < len(args):
+            return args[index + 1]
+    return None
+
+
+def check_deepspeed(value) -> None:
+    """``deepspeed``: a JSON file (or mapping) that is a DeepSpeed config, DeepSpeed installed, and a GPU to run it on;
+    each refused in one line before transformers builds its DeepSpeed config (which would fail with a bare library
+    error, or on the CPU only at the first step, after DeepSpeed's own setup)."""
+    import importlib.util
+    import json
+
+    if isinstance(value, str) and not value.lstrip().startswith("{"):
+        file = Path(value).expanduser()
+        if not file.is_file():
+            raise ConfigError(f"deepspeed={value!r}: no such file; give a DeepSpeed JSON config (e.g. ds_zero2.json).")
+        try:
+            parsed = json.loads(file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as error:
+            where = f" (line {error.lineno}, column {error.colno})" if hasattr(error, "lineno") else ""
+            raise ConfigError(f"deepspeed={value!r}: not a JSON file{where}: {getattr(error, 'msg', error)}; a "
+                              "DeepSpeed config is JSON (accelerate's YAML configs go to `accelerate launch "
+                              "--config_file`).") from None  # fmt: skip
+    elif isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError as error:
+            raise ConfigError(f"deepspeed={value!r}: not valid JSON ({error}).") from None
+    else:
+        parsed = value
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"deepspeed={value!r}: must be a JSON object of DeepSpeed settings, found a "
+                          f"{type(parsed).__name__}.")  # fmt: skip
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"deepspeed={value!r}: DeepSpeed is not installed; `pip install deepspeed`, or train "
+                          "without it.")  # fmt: skip
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"deepspeed={value!r}: DeepSpeed runs on GPUs and none is visible here (on the CPU it fails "
+                          "at the first step); train without it, or with several CPU processes through `accelerate "
+                          "launch --multi_gpu --num_processes N` (configs/accelerate/multi_gpu.yaml).")  # fmt: skip

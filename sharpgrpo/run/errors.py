@@ -53,7 +53,10 @@ def one_line_errors(argv: list[str] | None = None):
             close_progress_bars()
             raise
         close_progress_bars()
-        shared = bool(getattr(error, "names_itself", False) or getattr(error, "everywhere", False))
+        # Raised alike on every process: a refusal of the config or inputs (names_itself), or a training error the
+        # processes agreed on (everywhere); an error that says it happened here only (everywhere=False) is printed.
+        everywhere = getattr(error, "everywhere", None)
+        shared = bool(getattr(error, "names_itself", False)) if everywhere is None else bool(everywhere)
         if _prints(shared):
             print(error_line(error, process=None if shared else _process_rank()), file=sys.stderr)
         sys.exit(1)
