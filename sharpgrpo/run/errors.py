@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "SHARPGRPO_DEBUG"
+QUIET_EXIT_DELAY_S = 3.0  # how long a quiet (non-main) process waits before exiting with the main process's error
 _debugging = False  # set by one_line_errors: --debug or SHARPGRPO_DEBUG=1 was given
 
 
@@ -37,7 +39,10 @@ def one_line_errors(argv: list[str] | None = None):
         if isinstance(stop.code, str):
             close_progress_bars()
             if _prints(shared=True):
-                print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr)
+                print(stop.code if stop.code.startswith("error: ") else f"error: {stop.code}", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            else:
+                time.sleep(QUIET_EXIT_DELAY_S)
             sys.exit(1)
         raise
     except KeyboardInterrupt:  # a second Ctrl-C stops at once (the first one asks for a checkpoint): no traceback
@@ -58,7 +63,9 @@ def one_line_errors(argv: list[str] | None = None):
         everywhere = getattr(error, "everywhere", None)
         shared = bool(getattr(error, "names_itself", False)) if everywhere is None else bool(everywhere)
         if _prints(shared):
-            print(error_line(error, process=None if shared else _process_rank()), file=sys.stderr)
+            print(error_line(error, process=None if shared else _process_rank()), file=sys.stderr, flush=True)
+        else:  # the main process prints it: a launcher stops every process once one exits with an error, so give the
+            time.sleep(QUIET_EXIT_DELAY_S)  # main process the moment to print before this one's exit ends the launch
         sys.exit(1)
 
 
