@@ -49,5 +49,6 @@ def test_a_provider_output_is_checked_and_detached():
     assert values.shape == (3, 4) and torch.equal(values[:, 0], torch.tensor([0.0, 1.0, 2.0]))
     weight = torch.ones(3, 4, requires_grad=True)
     assert not provided_inputs({"x": lambda output: weight * 2}, output)["x"].requires_grad
-    with pytest.raises(ValueError, match=r"Generation input 'bad' returned \(3, 1\); expected a tensor of shape \(3, 4\)"):
+    expected = r"Generation input 'bad' returned \(3, 1\); expected a tensor of shape \(3, 4\)"
+    with pytest.raises(ValueError, match=expected):
         provided_inputs({"bad": lambda output: torch.zeros(3, 1)}, output)

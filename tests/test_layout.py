@@ -121,7 +121,7 @@ def test_the_top_level_is_small_and_the_readme_names_every_wing():
 
 
 def test_the_trainer_stays_glue():
-    """trainer.py overrides TRL's hooks and hands on; what they call lives in training/ (issue 40: at most 300 lines)."""
+    """trainer.py overrides TRL's hooks and hands on; what they call lives in training/ (at most 300 lines)."""
     lines = (PACKAGE / "trainer.py").read_text(encoding="utf-8").count("\n")
     assert lines <= 300, f"sharpgrpo/trainer.py has {lines} lines; move what a hook calls into sharpgrpo/training/"
 

@@ -65,7 +65,8 @@ def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
     declares (``Strategy.metrics``; the trainer refuses an undeclared one), at least one of them when it declares
     any."""
     try:
-        trainer = binary_reward_trainer(tiny_model_path, tmp_path, strategies=strategies, **strategy_config(strategies))
+        options = strategy_config(strategies)
+        trainer = binary_reward_trainer(tiny_model_path, tmp_path, strategies=strategies, **options)
     except ConfigError as error:  # e.g. a rollout correction needs vLLM's sampling log-probabilities
         pytest.skip(f"{strategies} cannot run on the CPU demo: {error}")
     logs = train_and_check(trainer)
