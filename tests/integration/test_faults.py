@@ -2,7 +2,7 @@
 at step 2 (as a dead retrieval server or a bad row reached mid-run does) leaves the last good weights and optimizer
 (a complete checkpoint-1), trainer_state.json and the plot, exits 1 with the error as the last line on screen (the
 progress bar closed first), and resumes; a reward returning NaN mid-run stops naming the function and the value; a
-second run on a folder a live run holds is refused."""
+second run on a folder a live run holds is refused; a reward that never differs within a group trains and says so."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 FAULTY = '''
 import os
 def fails_at_step_2(prompts, completions, allowed, trainer_state=None, **kwargs):
+    if os.environ.get("FAULT") == "constant":
+        return [1.0] * len(completions)
     if trainer_state.global_step >= 1 and os.environ.get("FAULT") == "raise":
         raise RuntimeError("retrieval server at 127.0.0.1:8000 refused the connection")
     if trainer_state.global_step >= 1 and os.environ.get("FAULT") == "nan":
@@ -97,3 +99,14 @@ def test_a_second_run_on_a_live_runs_folder_is_refused(tmp_path):
     finally:
         first.kill()
         first.communicate()
+
+
+def test_a_reward_constant_for_the_whole_run_is_said_in_the_summary(tmp_path):
+    """Every completion scores 1: every advantage is 0 and nothing is trained; the run ends normally and its summary
+    line says so (TRL says nothing)."""
+    done = run(tmp_path / "run", tmp_path, "constant", steps=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = last_line(done.stderr)
+    assert summary.startswith("[sharpgrpo] done at step 2") and (
+        "WARNING: the reward was the same 1 for every completion of every group at all 2 logged steps" in summary
+    ), summary
