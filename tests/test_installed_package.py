@@ -84,7 +84,8 @@ def test_a_shipped_config_by_name(installed, tmp_path):
     assert json.loads((tmp_path / "out" / "trainer_state.json").read_text())["global_step"] == 1
     unknown = run_from(tmp_path, str(sharpgrpo), "train", "--config", "demoo")
     assert unknown.returncode == 1
-    assert "error: --config='demoo': no such file, and no shipped config of that name (shipped: " in unknown.stderr
+    assert "error: --config='demoo': no such file, and no shipped config of that name" in unknown.stderr
+    assert "(shipped: " in unknown.stderr
     assert "demo, " in unknown.stderr and "Traceback" not in unknown.stderr
 
 
