@@ -287,6 +287,59 @@ class StrategyParams:
         non_negative(),
     )
 
+    # Optimal token baseline (docs/methods.md §14).
+    otb_handle_zero_tail: bool = param(
+        True, "`otb`, `tir_otb`: the one completion longer than every other of its group gets no baseline from the "
+        "second-longest length on (verl's handle_zero_tail, default True).", one_of(False, True),
+    )
+    otb_vocab_chunk: int = param(
+        8192, "`otb`, `tir_otb`: vocabulary entries per LM-head tile when sum_v p(v)^2 is computed (memory knob; the "
+        "result does not depend on it beyond rounding).", integer(1),
+    )
+    # Distillation from a teacher (docs/methods.md §16).
+    teacher_model: str | None = field(  # any path or Hub name: checked when the trainer loads the teacher
+        default=None, metadata={"help": (
+            "`opd`, `iw_opd`: the teacher whose per-token log-probability of the sampled token enters the advantage: "
+            "`ref` (TRL's reference model, beta > 0; in a LoRA run the frozen base), `base` (a LoRA run's frozen "
+            "base, the adapter disabled) or a model's path or Hub name sharing the policy's tokenizer. "
+            "docs/methods.md §16.")},
+    )
+    opd_coef: float = param(
+        1.0, "`opd`: A' = A + coef * d, d = log pi_teacher - log pi_old at the sampled token (slime --opd-kl-coef, "
+        "verl distillation_loss_coef: 1.0).", non_negative(),
+    )
+    opd_clip: float | None = param(
+        10.0, "`opd`: d clamped to [-clip, clip] (verl's loss_max_clamp: 10.0); None: no clamp (slime).",
+        positive(allow_none=True),
+    )
+    iw_opd_gamma: float = param(
+        0.5, "`iw_opd`: w = 1 + gamma (1 - sum_{s<t} |d_s| / sum_s |d_s|), the prefix-discrepancy weight (TRL "
+        "IWOPDConfig.iw_opd_gamma: 0.5).", non_negative(),
+    )
+    iw_opd_epsilon: float = param(
+        1e-8, "`iw_opd`: floor of sum_s |d_s| in w (TRL IWOPDConfig.iw_opd_epsilon).", positive(),
+    )
+    iw_opd_weight: float = param(
+        1.0, "`iw_opd`: A' = (1 - weight) A + weight * w * d; 1.0 is TRL's IW-OPD trainer (distillation only).",
+        between(0, 1),
+    )
+    sdpo_weight: float = param(
+        1.0, "`sdpo`: A' = (1 - weight) A + weight * s_i d, TRL SDPOConfig.distillation_weight (1.0: "
+        "self-distillation only, as SDPO's paper trains).", between(0, 1),
+    )
+    sdpo_success_threshold: float = param(
+        1.0, "`sdpo`: a sibling whose reward reaches it is a demonstration (TRL success_reward_threshold: 1.0).",
+        number(),
+    )
+    sdpo_feedback: bool = param(
+        False, "`sdpo`: put the dataset's `privileged_context` text in the self-teacher's prompt where a row has it "
+        "(TRL include_environment_feedback: False).", one_of(False, True),
+    )
+    sdpo_max_reprompt_length: int = param(
+        10240, "`sdpo`: the self-teacher's prompt keeps its last this many tokens (TRL max_reprompt_len: 10240).",
+        integer(1),
+    )
+
     # Rollout correction between the sampling engine (vLLM) and the trainer (docs/methods.md, "Rollout correction").
     # Defaults: verl's RolloutCorrectionConfig (verl/trainer/config/algorithm.py) and its decoupled_seq_is preset.
     rollout_is: str = param(

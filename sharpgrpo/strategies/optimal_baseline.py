@@ -203,10 +203,8 @@ class OptimalTokenBaselineStrategy(AdvantageStrategy):
     metric_prefix = "otb"
     metrics = ("otb/proxy2_total_power", "otb/proxy2_total_power_input", "otb/expected_a_squared", "otb/expected_w",
                "otb/baseline_mean")
-    # verl's defaults (core_algos.py L878-879); config fields once the strategy parameters can take them.
-    handle_zero_tail: bool = True
-    epsilon: float = 1e-8
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK
+    params = ("otb_handle_zero_tail", "otb_vocab_chunk")
+    epsilon: float = 1e-8  # verl's default (core_algos.py L879)
     paper = StrategyPaper(
         "Optimal Token Baseline (verl)",
         "verl-project/verl, compute_optimal_token_baseline_advantage (verl/trainer/ppo/core_algos.py; "
@@ -226,6 +224,11 @@ class OptimalTokenBaselineStrategy(AdvantageStrategy):
                 f"strategies: {mine} replaces the advantages with R - B[t] (verl's optimal token baseline), so "
                 f"{advantage[0][0]} before it would be discarded; list {mine} first among the advantage strategies."
             )
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.handle_zero_tail = bool(args.otb_handle_zero_tail)
+        self.vocab_chunk = int(args.otb_vocab_chunk)
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         if batch.hidden_states is None or batch.unembedding_weight is None or batch.old_logps is None:

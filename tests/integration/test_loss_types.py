@@ -14,6 +14,7 @@ import torch
 from helpers import binary_letters_reward, make_trainer, tiny_config
 
 from sharpgrpo.strategies import STRATEGIES
+from sharpgrpo.training.generation.inputs import input_providers
 
 # Placement per loss type: `ratio` where it is defined (README), so both placements are exercised.
 PLACEMENT = {"dapo": "loss", "grpo": "ratio", "bnpo": "loss", "dr_grpo": "ratio",
@@ -41,6 +42,9 @@ def test_loss_type_grid(grid_trainer, strategy):
     instance = STRATEGIES.get(strategy)(trainer.args)
     trainer.weight_strategy = instance if instance.kind == "weight" else None
     trainer.advantage_strategies = [instance] if instance.kind == "advantage" else []
+    if getattr(instance, "needs_inputs", ()):  # a distillation teacher (docs/methods.md §16): the policy's checkpoint
+        trainer.args.teacher_model = trainer.model.config._name_or_path
+    trainer._input_providers = input_providers(trainer, getattr(instance, "needs_inputs", ()))
     dataset = trainer.train_dataset
     rows = [dataset[i] for i in [1] * 8 + [2] * 8]  # two groups of 8, as TRL's RepeatSampler lays them out
     torch.manual_seed(0)

@@ -35,6 +35,8 @@ def make_batch(seed):
         hidden_states=torch.randn(rows, T, H, generator=gen),
         unembedding_weight=torch.randn(V, H, generator=gen),
         entropies=torch.rand(rows, T, generator=gen) * 2,
+        # every generation input an advantage strategy names (e.g. a teacher's log-probabilities), per token
+        **{f"extra:{name}": -torch.rand(rows, T, generator=gen) * 3 for name in GENERATION_INPUTS_NEEDED},
     )
 
 
@@ -44,6 +46,7 @@ def to_batch(parts):
         advantages=parts["advantages"], rewards=parts["rewards"], group_ids=parts["group_ids"], num_generations=G,
         hidden_states=parts["hidden_states"], unembedding_weight=parts["unembedding_weight"], unembedding_bias=None,
         temperature=1.0, entropies=parts["entropies"],
+        extras={key.split(":", 1)[1]: value for key, value in parts.items() if key.startswith("extra:")},
     )
 
 
@@ -51,7 +54,8 @@ def compact(parts):
     """The same batch with the masked tokens removed (valid tokens moved left, right padded)."""
     keep = parts["loss_mask"].bool()
     out = dict(parts)
-    for key in ("old_logps", "completion_ids", "advantages", "hidden_states", "loss_mask", "entropies"):
+    for key in ("old_logps", "completion_ids", "advantages", "hidden_states", "loss_mask", "entropies",
+                *(key for key in parts if key.startswith("extra:"))):
         value = parts[key]
         new = torch.zeros_like(value)
         for row in range(value.size(0)):
@@ -63,6 +67,7 @@ def compact(parts):
 
 # Every registered advantage strategy (a new one is tested here without editing this file).
 ADVANTAGE_STRATEGIES = [name for name in STRATEGIES.names() if STRATEGIES.get(name).kind == "advantage"]
+GENERATION_INPUTS_NEEDED = sorted({name for s in ADVANTAGE_STRATEGIES for name in STRATEGIES.get(s).needs_inputs})
 # Statistics over the completions' tokens at the same position t (GTPO Eq. 3: the correct completions alive at t; OTB's
 # baseline B[t], docs/methods.md §14, which `tir_otb` aligns by masked-in rank instead), so removing a masked span
 # moves the later tokens to other positions: only the masked tokens' content is tested.
@@ -86,6 +91,8 @@ def test_masked_tokens_do_not_change_strategy_outputs(args, name, seed):
     garbage["completion_ids"] = parts["completion_ids"].masked_fill(masked, 3)
     garbage["hidden_states"] = parts["hidden_states"].masked_fill(masked.unsqueeze(-1), 50.0)
     garbage["entropies"] = parts["entropies"].masked_fill(masked, 9.0)
+    for key in (key for key in parts if key.startswith("extra:")):
+        garbage[key] = parts[key].masked_fill(masked, -20.0)
     full, _ = strategy.token_advantages(to_batch(garbage))
     keep = parts["loss_mask"].bool()
     clean, _ = strategy.token_advantages(to_batch(parts))  # the same layout: the masked tokens' content is not read

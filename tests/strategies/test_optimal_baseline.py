@@ -330,8 +330,7 @@ def strategy_batch(seed: int, holes: bool = False):
                                        (TirOptimalTokenBaselineStrategy, "token")])
 def test_strategy_reads_the_head_statistic(cls, align):
     batch, old_logps, sum_sq = strategy_batch(7, holes=True)
-    strategy = cls(SimpleNamespace())
-    strategy.vocab_chunk = 16  # several vocabulary tiles
+    strategy = cls(SimpleNamespace(otb_handle_zero_tail=True, otb_vocab_chunk=16))  # several vocabulary tiles
     out, metrics = strategy.token_advantages(batch)
     expected = (reference_otb if align == "position" else reference_tir_otb)(
         batch.rewards.double(), batch.completion_mask.double(), batch.group_ids, old_logps, sum_sq)

@@ -1,0 +1,212 @@
+"""Token credit from a teacher: on-policy distillation (``opd``) and importance-weighted OPD (``iw_opd``) as
+advantage strategies, and the self-distillation advantage of SDPO (docs/methods.md §16).
+
+Every one adds to the advantage the teacher's per-token log-probability gap at the sampled token,
+
+    d[i, t] = log pi_teacher(y[i, t] | x, y[i, <t]) - log pi_old(y[i, t] | x, y[i, <t])      (on the loss mask)
+
+the negative of the single-sample reverse KL (the "k1" estimator) that the references turn into a reward:
+
+* ``opd``: A' = A + coef * clip(d, -c, c). slime adds ``-opd_kl_coef * (student - teacher)`` to the advantage of any
+  estimator (THUDM/slime@624b824 ``slime/backends/megatron_utils/loss.py`` ``apply_opd_kl_to_advantages`` L663-701,
+  no clip); verl uses ``-k1`` as the advantage of a second PPO term, its k1 clamped to [-10, 10] (``loss_max_clamp``,
+  verl-project/verl@1dda039 ``verl/trainer/distillation/losses.py`` L258-260 and L269-287) and weighted by
+  ``distillation_loss_coef``. On-policy (ratio 1, PPO clip inactive) the sum of verl's two PPO terms with the same
+  aggregation is the PPO term of the summed advantage, so both are this one advantage.
+* ``iw_opd``: A' = (1 - lambda) A + lambda * w * d with the prefix-discrepancy weight
+  w[i, t] = 1 + gamma (1 - sum_{s<t} |d[i, s]| / max(sum_s |d[i, s]|, eps)) (TRL 1.16
+  ``trl/experimental/iw_opd/iw_opd_trainer.py`` ``_compute_iw_opd_loss`` L1212-1267). lambda = 1 is TRL's trainer.
+* ``sdpo_advantages``: A' = (1 - lambda) A + lambda * s_i * d, with s_i = 1 for completions that have a self-teacher
+  (a successful sibling, or feedback) and d from the policy itself conditioned on that demonstration (TRL 1.16
+  ``trl/experimental/sdpo/sdpo_trainer.py`` ``compute_loss`` L1114-1143 with ``distillation_mode="sampled_token"``,
+  ``loss_utils.compute_sampled_token_self_distillation_loss``; lasgroup/SDPO@0e6d510
+  ``verl/trainer/ppo/core_algos.py`` ``compute_self_distillation_loss`` L1085-1183, non-full-logit branch). Their
+  sampled-token loss (log p - log q).detach() * log p has the gradient of -d * log p: the policy gradient of advantage
+  d, which is why it is an advantage here.
+
+Pure tensor code; the teacher's log-probabilities come from the generation input ``teacher_logps``
+(``sharpgrpo.training.generation.teacher``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
+
+
+def distillation_gap(teacher_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
+                     clip: float | None = None) -> torch.Tensor:
+    """d = log pi_teacher - log pi_old at the sampled tokens, clamped to [-clip, clip] (verl's ``loss_max_clamp``;
+    None: no clamp, as slime), 0 off the mask. Shapes: (B, T) each -> (B, T)."""
+    mask = mask.to(sampling_logps.dtype)
+    gap = torch.where(mask.bool(), teacher_logps.to(sampling_logps.dtype) - sampling_logps, 0.0)
+    if clip is not None:
+        gap = gap.clamp(-clip, clip)
+    return gap * mask
+
+
+def opd_advantages(advantages: torch.Tensor, gap: torch.Tensor, coef: float) -> torch.Tensor:
+    """A + coef * d (slime ``apply_opd_kl_to_advantages``: A - coef * (log pi_student - log pi_teacher)).
+    (B, T) each -> (B, T)."""
+    return advantages + coef * gap
+
+
+def iw_opd_weights(gap: torch.Tensor, mask: torch.Tensor, gamma: float, epsilon: float = 1e-8) -> torch.Tensor:
+    """IW-OPD's prefix-discrepancy weights w = 1 + gamma (1 - P_t / max(S, eps)), P_t = sum_{s<t} |d_s| (exclusive
+    prefix), S = sum_s |d_s| over the completion (TRL ``_compute_iw_opd_loss`` L1239-1243). (B, T) -> (B, T)."""
+    magnitude = (gap * mask.to(gap.dtype)).abs()
+    prefix = magnitude.cumsum(dim=1) - magnitude
+    total = magnitude.sum(dim=1, keepdim=True).clamp_min(epsilon)
+    return 1.0 + gamma * (1.0 - prefix / total)
+
+
+def iw_opd_advantages(advantages: torch.Tensor, gap: torch.Tensor, mask: torch.Tensor, gamma: float,
+                      epsilon: float, weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """((1 - weight) A + weight * w * d, w) with w :func:`iw_opd_weights`. (B, T) each -> ((B, T), (B, T))."""
+    w = iw_opd_weights(gap, mask, gamma, epsilon)
+    return (1.0 - weight) * advantages + weight * w * gap, w
+
+
+def sdpo_advantages(advantages: torch.Tensor, gap: torch.Tensor, teacher_rows: torch.Tensor,
+                    weight: float) -> torch.Tensor:
+    """(1 - weight) A + weight * s_i * d: SDPO's sampled-token self-distillation as an advantage, mixed with the
+    incoming one as TRL's ``distillation_weight`` mixes the two losses. ``teacher_rows`` (B,) {0, 1}: the completions
+    that have a self-teacher (TRL's ``self_distillation_mask``). (B, T), (B, T), (B,) -> (B, T)."""
+    return (1.0 - weight) * advantages + weight * gap * teacher_rows.to(gap.dtype)[:, None]
+
+
+def _teacher_gap(batch: GenerationBatch, name: str, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(teacher log-probabilities, d) of a generation batch, d clamped to [-clip, clip]."""
+    teacher = batch.extras.get("teacher_logps")
+    if teacher is None or batch.old_logps is None:
+        raise ValueError(f"{name} needs GenerationBatch.extras['teacher_logps'] and old_logps (the trainer fills them "
+                         "for needs_inputs / needs_old_logps).")
+    mask = batch.completion_mask.float()
+    return teacher.float(), distillation_gap(teacher.float(), batch.old_logps.float(), mask, clip)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp_min(1))
+
+
+class _TeacherStrategy(AdvantageStrategy):
+    """What the teacher-gap strategies share: the generation input, the teacher check, the per-token scores."""
+
+    needs_old_logps = True
+    needs_inputs = ("teacher_logps",)
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        from sharpgrpo.validation import ConfigError
+
+        if not args.teacher_model:
+            raise ConfigError(f"strategies: {cls.registered_name()} needs teacher_model (`ref`, `base` in a LoRA run, "
+                              "or the teacher's path or Hub name).")
+
+    @classmethod
+    def registered_name(cls) -> str:
+        from sharpgrpo.strategies.base import STRATEGIES
+
+        return next((n for n in STRATEGIES.names() if STRATEGIES.get(n) is cls), cls.__name__)
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self._scores: torch.Tensor | None = None
+
+    def token_scores(self) -> torch.Tensor | None:
+        """The distillation term d of the last batch (B, T), for ``dump_token_scores``."""
+        return self._scores
+
+    def _teacher_metrics(self, prefix: str, teacher: torch.Tensor, gap: torch.Tensor, mask: torch.Tensor
+                         ) -> dict[str, float]:
+        return {f"{prefix}/teacher_logp_mean": _masked_mean(teacher, mask),
+                f"{prefix}/gap_mean": _masked_mean(gap, mask), f"{prefix}/gap_abs_mean": _masked_mean(gap.abs(), mask)}
+
+
+@register_strategy("opd")
+class OnPolicyDistillationStrategy(_TeacherStrategy):
+    """``opd``: A' = A + ``opd_coef`` * clip(log pi_teacher - log pi_old, +-``opd_clip``) (module docstring)."""
+
+    params = ("teacher_model", "opd_coef", "opd_clip")
+    metrics = ("opd/teacher_logp_mean", "opd/gap_mean", "opd/gap_abs_mean", "opd/frac_clipped")
+    paper = StrategyPaper(
+        "On-Policy Distillation",
+        "Lu and Thinking Machines Lab 2025, On-Policy Distillation (thinkingmachines.ai/blog/on-policy-distillation); "
+        "Agarwal et al. 2024, On-Policy Distillation of Language Models (arXiv:2306.13649)",
+        "2306.13649",
+    )
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        clip = self.args.opd_clip
+        teacher, gap = _teacher_gap(batch, "opd", clip)
+        mask = batch.completion_mask.float()
+        self._scores = gap
+        metrics = self._teacher_metrics("opd", teacher, gap, mask)
+        raw = (teacher - batch.old_logps.float()).abs()
+        metrics["opd/frac_clipped"] = 0.0 if clip is None else _masked_mean((raw > clip).float(), mask)
+        return opd_advantages(batch.advantages, gap.to(batch.advantages.dtype), self.args.opd_coef), metrics
+
+
+@register_strategy("iw_opd")
+class ImportanceWeightedOPDStrategy(_TeacherStrategy):
+    """``iw_opd``: A' = (1 - ``iw_opd_weight``) A + ``iw_opd_weight`` * w * d, w the prefix-discrepancy weight
+    (``iw_opd_gamma``, ``iw_opd_epsilon``; TRL 1.16 ``trl.experimental.iw_opd``)."""
+
+    params = ("teacher_model", "iw_opd_gamma", "iw_opd_epsilon", "iw_opd_weight")
+    metrics = ("iw_opd/teacher_logp_mean", "iw_opd/gap_mean", "iw_opd/gap_abs_mean", "iw_opd/mean_weight",
+               "iw_opd/min_weight", "iw_opd/max_weight", "iw_opd/mean_advantage")
+    paper = StrategyPaper(
+        "Importance-Weighted On-Policy Distillation",
+        "TRL 1.16 trl.experimental.iw_opd (IWOPDTrainer, distillation_objective='iw_opd')",
+    )
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        teacher, gap = _teacher_gap(batch, "iw_opd", None)
+        mask = batch.completion_mask.float()
+        advantages, w = iw_opd_advantages(batch.advantages.float(), gap, mask, self.args.iw_opd_gamma,
+                                          self.args.iw_opd_epsilon, self.args.iw_opd_weight)
+        self._scores = w * gap
+        valid = mask.bool()
+        metrics = self._teacher_metrics("iw_opd", teacher, gap, mask)
+        metrics.update({"iw_opd/mean_weight": float(w[valid].mean()) if valid.any() else 1.0,
+                        "iw_opd/min_weight": float(w[valid].min()) if valid.any() else 1.0,
+                        "iw_opd/max_weight": float(w[valid].max()) if valid.any() else 1.0,
+                        "iw_opd/mean_advantage": _masked_mean(w * gap, mask)})
+        return advantages.to(batch.advantages.dtype), metrics
+
+
+@register_strategy("sdpo")
+class SelfDistillationStrategy(_TeacherStrategy):
+    """``sdpo``: A' = (1 - ``sdpo_weight``) A + ``sdpo_weight`` * s_i * d, d the gap between the policy conditioned on
+    a successful sibling's completion (and feedback) and the policy itself; s_i = 0 for completions with neither
+    (TRL 1.16 ``trl.experimental.sdpo``, sampled-token mode; docs/methods.md §16.3)."""
+
+    needs_inputs = ("self_teacher_logps",)
+    params = ("sdpo_weight", "sdpo_success_threshold", "sdpo_feedback", "sdpo_max_reprompt_length")
+    metrics = ("sdpo/teacher_logp_mean", "sdpo/gap_mean", "sdpo/gap_abs_mean", "sdpo/reprompt_fraction")
+    paper = StrategyPaper(
+        "Reinforcement Learning via Self-Distillation",
+        "Hübotter et al. 2026, Reinforcement Learning via Self-Distillation (arXiv:2601.20802)",
+        "2601.20802",
+    )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        """No external teacher: the policy is its own teacher."""
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        teacher = batch.extras.get("self_teacher_logps")
+        if teacher is None or batch.old_logps is None:
+            raise ValueError("sdpo needs GenerationBatch.extras['self_teacher_logps'] and old_logps.")
+        rows = torch.isfinite(teacher).any(dim=1)
+        mask = batch.completion_mask.float() * rows[:, None]
+        teacher = torch.nan_to_num(teacher.float(), nan=0.0)
+        gap = distillation_gap(teacher, batch.old_logps.float(), mask)
+        self._scores = gap
+        metrics = self._teacher_metrics("sdpo", teacher, gap, mask)
+        metrics["sdpo/reprompt_fraction"] = float(rows.float().mean())
+        advantages = sdpo_advantages(batch.advantages.float(), gap, rows, self.args.sdpo_weight)
+        return advantages.to(batch.advantages.dtype), metrics

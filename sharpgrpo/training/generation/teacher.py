@@ -1,0 +1,223 @@
+"""The teacher of the distillation strategies (``opd``, ``iw_opd``; docs/methods.md §16): its per-token
+log-probabilities of the sampled completions, the generation input ``teacher_logps``.
+
+``teacher_model`` names it:
+
+* ``ref``: the reference model TRL loaded (``beta`` > 0), or, in a LoRA run, the frozen base with the adapter
+  disabled (TRL's own reference there);
+* ``base``: the frozen base of a LoRA run (the adapter disabled for the teacher's forward);
+* a local path or Hub name: a model loaded once, frozen, on the policy's device and dtype.
+
+A teacher must share the policy's tokenizer (the gap compares log-probabilities of the same token ids): a different
+vocabulary is refused naming both; a name that does not load, or a kind the run cannot provide (``base`` without
+LoRA, ``ref`` with neither a reference model nor LoRA), is refused in one line while the trainer is built, before the
+first step. The teacher scores prompt + completion at the sampling temperature (as TRL's IW-OPD and SDPO trainers
+divide the teacher's logits by it), from its last hidden states through its LM head in vocabulary slices
+(``capture.logps_from_hidden_states``: no (B, T, V) tensor). Not done: an EMA teacher, a teacher sharded under
+ZeRO-3 / FSDP2, and one forward shared with the reference model's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from sharpgrpo.training.generation.capture import logps_from_hidden_states
+from sharpgrpo.training.generation.inputs import register_generation_input
+from sharpgrpo.training.generation.policy_inputs import completion_hidden_states, full_unembedding
+
+TEACHER_KINDS = ("ref", "base")  # besides a path or Hub name
+
+
+def tokenizer_difference(teacher_tokenizer, policy_tokenizer) -> str | None:
+    """Why two tokenizers do not give the same token ids, or None: a different vocabulary (size or any id)."""
+    teacher_vocab, policy_vocab = teacher_tokenizer.get_vocab(), policy_tokenizer.get_vocab()
+    if len(teacher_vocab) != len(policy_vocab):
+        return f"{len(teacher_vocab)} tokens against the policy's {len(policy_vocab)}"
+    differing = [token for token, index in policy_vocab.items() if teacher_vocab.get(token) != index]
+    if differing:
+        return f"{len(differing)} tokens have other ids (e.g. {differing[0]!r})"
+    return None
+
+
+class Teacher:
+    """A frozen causal LM scoring completions: ``logps(output)`` -> (B, T) log-probabilities of the completion tokens
+    under softmax(logits / temperature), with ``context()`` entered around the forward (e.g. a LoRA adapter
+    disabled)."""
+
+    def __init__(self, lm, temperature: float, rows_per_chunk: int, context=contextlib.nullcontext):
+        self.lm, self.temperature, self.rows_per_chunk, self.context = lm, temperature, rows_per_chunk, context
+
+    @torch.no_grad()
+    def logps(self, output: dict[str, Any]) -> torch.Tensor:
+        with self.context():
+            hidden = completion_hidden_states(self.lm, output, self.rows_per_chunk)
+            with full_unembedding(self.lm, zero3=False) as (weight, bias):
+                return logps_from_hidden_states(hidden, output["completion_ids"], weight, bias, self.temperature,
+                                                self.rows_per_chunk)
+
+
+def _bare(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def load_teacher(name: str, trainer) -> Teacher:
+    """The teacher ``name`` names for ``trainer`` (module docstring); refuses in one line what cannot be one."""
+    from accelerate.utils import is_peft_model
+
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    rows = trainer.args.per_device_train_batch_size
+    lora = is_peft_model(policy)
+    if name == "base" or (name == "ref" and getattr(trainer, "ref_model", None) is None):
+        if not lora:
+            need = "a LoRA run (peft_config)" if name == "base" else "beta > 0 (TRL loads a reference model only then)"
+            raise ValueError(f"teacher_model={name!r} needs {need}; name the teacher's path or Hub name instead.")
+        return Teacher(_bare(policy), trainer.temperature, rows, context=policy.disable_adapter)
+    if name == "ref":
+        return Teacher(_bare(trainer.accelerator.unwrap_model(trainer.ref_model)), trainer.temperature, rows)
+    return Teacher(_bare(load_named_teacher(name, policy, trainer.processing_class)), trainer.temperature, rows)
+
+
+def load_named_teacher(name: str, policy, policy_tokenizer):
+    """A teacher model from a path or Hub name, frozen, on the policy's device and dtype; its tokenizer checked."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = getattr(policy_tokenizer, "tokenizer", policy_tokenizer)  # a processor's tokenizer
+    try:
+        teacher_tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"teacher_model={name!r}: no model or tokenizer loads from there ({first}).") from None
+    difference = tokenizer_difference(teacher_tokenizer, tokenizer)
+    if difference is not None:
+        raise ValueError(
+            f"teacher_model={name!r} has another tokenizer than the policy {policy.config._name_or_path!r}: "
+            f"{difference}; distillation compares log-probabilities of the same token ids, so the teacher must share "
+            "the policy's tokenizer."
+        )
+    first_parameter = next(policy.parameters())
+    try:
+        teacher = AutoModelForCausalLM.from_pretrained(name, dtype=first_parameter.dtype)
+    except (OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"teacher_model={name!r}: the model does not load ({first}).") from None
+    teacher.to(first_parameter.device).eval().requires_grad_(False)
+    return teacher
+
+
+@register_generation_input("teacher_logps")
+def teacher_logps(trainer):
+    """Generation input ``teacher_logps``: (B_local, T) teacher log-probabilities of the sampled completion tokens
+    (the teacher loaded once, here, when the trainer is built)."""
+    name = trainer.args.teacher_model
+    if not name:
+        raise ValueError("teacher_model is not set: the distillation strategies need a teacher (`ref`, `base`, or a "
+                         "model's path or Hub name).")
+    teacher = load_teacher(name, trainer)
+    return teacher.logps
+
+
+# SDPO's self-teacher (docs/methods.md §16.3): TRL 1.16's templates (trl/experimental/sdpo/sdpo_config.py defaults).
+REPROMPT_TEMPLATE = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question.\n"
+SOLUTION_TEMPLATE = "\nCorrect solution:\n\n{successful_previous_attempt}\n\n"
+FEEDBACK_TEMPLATE = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}\n\n"
+FEEDBACK_COLUMN = "privileged_context"  # the dataset column TRL's SDPO reads feedback from
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    last = messages[-1]
+    if last.get("role") != "user":
+        raise ValueError("sdpo: a conversational prompt must end with a user turn (the self-teacher's reprompt "
+                         f"replaces it); this one ends with role {last.get('role')!r}.")
+    content = last.get("content", "")
+    if isinstance(content, list):
+        return " ".join(part.get("text", "") for part in content if part.get("type") == "text")
+    return content
+
+
+def self_teacher_prompts(prompts: list, demonstrations: list[str | None], feedbacks: list[str | None]) -> list:
+    """The self-teacher's prompt of each row: the row's prompt reprompted with its demonstration and feedback (TRL
+    1.16 ``SuccessfulRolloutTeacherContextBuilder.build`` L265-292), or the prompt itself where it has neither.
+    A conversational prompt keeps its earlier messages and gets the reprompt as its last user turn."""
+    out = []
+    for prompt, demonstration, feedback in zip(prompts, demonstrations, feedbacks, strict=True):
+        if demonstration is None and feedback is None:
+            out.append(prompt)
+            continue
+        solution = "" if demonstration is None else SOLUTION_TEMPLATE.format(successful_previous_attempt=demonstration)
+        feedback_text = "" if feedback is None else FEEDBACK_TEMPLATE.format(feedback_raw=feedback)
+        if isinstance(prompt, list):
+            text = REPROMPT_TEMPLATE.format(prompt=_last_user_text(prompt), solution=solution, feedback=feedback_text)
+            out.append(prompt[:-1] + [{"role": "user", "content": text}])
+        else:
+            out.append(REPROMPT_TEMPLATE.format(prompt=prompt, solution=solution, feedback=feedback_text))
+    return out
+
+
+def successful_siblings(rewards: torch.Tensor, num_generations: int, threshold: float, exclude_self: bool
+                        ) -> list[int | None]:
+    """For each row of the global batch, the first other completion of its group whose reward reaches ``threshold``
+    (the row itself too unless ``exclude_self``), or None (TRL 1.16 ``build`` L222-245)."""
+    found: list[int | None] = []
+    values = rewards.tolist()
+    for i in range(len(values)):
+        start = (i // num_generations) * num_generations
+        found.append(next((j for j in range(start, start + num_generations)
+                           if not (exclude_self and j == i) and values[j] >= threshold), None))
+    return found
+
+
+@register_generation_input("self_teacher_logps")
+def self_teacher_logps(trainer):
+    """Generation input ``self_teacher_logps`` (SDPO): the policy's own log-probabilities of each sampled completion
+    conditioned on a reprompt holding a successful sibling's completion (and the row's ``privileged_context``
+    feedback with ``sdpo_feedback``); NaN on the rows that have neither (no self-teacher)."""
+    from accelerate.utils import gather_object
+
+    from sharpgrpo.training.generation.advantage_pipeline import gather_rows, total_rewards
+    from sharpgrpo.training.generation.policy_inputs import causal_lm
+
+    args, accelerator = trainer.args, trainer.accelerator
+    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+
+    def tokenize(prompts: list) -> list[list[int]]:
+        if isinstance(prompts[0], list):
+            return trainer.processing_class.apply_chat_template(
+                conversation=prompts, add_generation_prompt=True, tokenize=True, return_dict=True,
+                **trainer.chat_template_kwargs)["input_ids"]
+        return trainer.processing_class(text=prompts)["input_ids"]
+
+    def provide(output: dict[str, Any]) -> torch.Tensor:
+        record = trainer._generation
+        local = output["completion_ids"].size(0)
+        rewards = total_rewards(record.rewards_per_func, trainer.reward_weights)
+        completions = gather_rows(accelerator, output["completion_ids"])
+        inputs = record.inputs or [{} for _ in range(local)]
+        prompts = gather_object([row["prompt"] for row in inputs])
+        feedbacks = gather_object([row.get(FEEDBACK_COLUMN) if args.sdpo_feedback else None for row in inputs])
+        siblings = successful_siblings(rewards, trainer.num_generations, args.sdpo_success_threshold,
+                                       exclude_self=True)
+        first = accelerator.process_index * local
+        rows = range(first, first + local)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        demonstrations = [None if siblings[i] is None else tokenizer.decode(  # as TRL: the non-pad ids, decoded
+            completions[siblings[i]][completions[siblings[i]] != pad], skip_special_tokens=True) for i in rows]
+        feedback = [f if isinstance(f, str) and f.strip() else None for f in (feedbacks[i] for i in rows)]
+        teacher_prompts = self_teacher_prompts([prompts[i] for i in rows], demonstrations, feedback)
+        ids = [torch.as_tensor(p[-args.sdpo_max_reprompt_length:]) for p in tokenize(teacher_prompts)]
+        width = max(len(p) for p in ids)
+        device = output["completion_ids"].device
+        prompt_ids = torch.stack([torch.cat([torch.full((width - len(p),), pad), p]) for p in ids]).to(device)
+        prompt_mask = torch.stack([torch.cat([torch.zeros(width - len(p)), torch.ones(len(p))]) for p in ids])
+        teacher_output = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask.long().to(device),
+                          "completion_ids": output["completion_ids"], "completion_mask": output["completion_mask"]}
+        teacher = Teacher(causal_lm(accelerator, trainer.model), trainer.temperature,
+                          args.per_device_train_batch_size)
+        logps = teacher.logps(teacher_output)
+        has_teacher = torch.tensor([d is not None or f is not None for d, f in zip(demonstrations, feedback)],
+                                   device=logps.device)
+        return torch.where(has_teacher[:, None], logps, torch.nan)
+
+    return provide
