@@ -174,6 +174,9 @@ def parse_rejection_thresholds(options: list[str], spec: str | float) -> dict[st
                              "'lower_upper' ratio bounds; K2/K3: one positive upper bound).") from None
         if upper <= 0 or (lower is not None and lower <= 0):
             raise ValueError(f"rollout_rs_threshold={spec!r}: the bounds of {option} must be > 0.")
+        if lower is not None and lower > upper:
+            raise ValueError(f"rollout_rs_threshold={spec!r}: the lower bound of {option} exceeds its upper bound "
+                             "(one K1 number is the upper ratio bound, so it must be >= 1).")
         bounds[option] = (lower, upper)
     return bounds
 
@@ -251,10 +254,10 @@ def mismatch_diagnostics(train_logps: torch.Tensor, rollout_logps: torch.Tensor,
 
 
 def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-    """verl's ESS of the weights (rollout_corr_helper.py lines 686-693): with ``v = clamp(w, 1/C, C)`` and
-    ``u = v / (E[v] + 1e-8)``, ``1 / E[u^2]`` over the batch's tokens; 1 when all weights are equal, 1/n for one
-    weight of n."""
-    clamped = weights.clamp(min=1.0 / threshold, max=threshold)
+    """verl's ESS of the weights (verl 0.9.1, rollout_corr_helper.py lines 753-759): with ``v = clamp(w, 0, C)`` (the
+    truncated weights) and ``u = v / (E[v] + 1e-8)``, ``1 / E[u^2]`` over the batch's tokens; 1 when all weights are
+    equal, 1/n for one weight of n."""
+    clamped = weights.clamp(min=0.0, max=threshold)
     normalised = clamped / (_masked_mean(clamped, mask) + 1e-8)
     return 1.0 / _masked_mean(normalised.square(), mask)
 

@@ -4,8 +4,11 @@ The references below are float64 loops reproducing verl's released code line by 
 ``verl/trainer/ppo/core_algos.py``): ``compute_rloo_outcome_advantage`` L587-636,
 ``compute_reinforce_plus_plus_outcome_advantage`` L693-731 and
 ``compute_reinforce_plus_plus_baseline_outcome_advantage`` L533-584, with ``verl_F.masked_mean`` / ``masked_var`` /
-``masked_whiten`` (``verl/utils/torch_functional.py`` L294-346). verl itself is not imported: ``core_algos.py``
-imports verl's config and distributed internals, which this project does not install.
+``masked_whiten`` (``verl/utils/torch_functional.py`` L294-346); they always run. Where verl's released package is
+installed (verl 0.9.1 on PyPI, README Development: "Tests against verl's released code"), the released functions are
+also called unchanged on the same batches (verl 0.9.1 ``verl/trainer/ppo/core_algos.py``:
+``compute_reinforce_plus_plus_baseline_outcome_advantage`` L533-584, ``compute_rloo_outcome_advantage`` L587-636,
+``compute_reinforce_plus_plus_outcome_advantage`` L693-731); that test skips with the reason where it is not.
 """
 
 from __future__ import annotations
@@ -173,6 +176,27 @@ def test_reinforce_pp_baseline_matches_verl(seed):
     batch = random_batch(seed, binary=seed % 2 == 0)
     expected = verl_reinforce_pp_baseline(verl_token_level_rewards(batch.rewards, batch.completion_mask),
                                           batch.completion_mask, batch.group_ids.tolist())
+    got, _ = strategy("reinforce_pp_baseline").token_advantages(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_three_match_verls_released_functions(seed):
+    core_algos = pytest.importorskip(
+        "verl.trainer.ppo.core_algos",
+        reason="verl's released code is not installed: see README Development, the verl reference line")
+    batch = random_batch(seed, binary=seed % 2 == 0)
+    mask, index = batch.completion_mask, batch.group_ids.numpy()
+    rewards = verl_token_level_rewards(batch.rewards, mask)
+    expected, _ = core_algos.compute_rloo_outcome_advantage(rewards.clone(), mask, index)
+    got, _ = strategy("rloo").token_advantages(batch)
+    torch.testing.assert_close(got * mask, expected, rtol=1e-12, atol=1e-12)
+    for gamma in (1.0, 0.9):
+        expected, _ = core_algos.compute_reinforce_plus_plus_outcome_advantage(
+            rewards.clone(), mask, config=SimpleNamespace(gamma=gamma))
+        got, _ = strategy("reinforce_pp", reinforce_pp_gamma=gamma).token_advantages(batch)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    expected, _ = core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards.clone(), mask, index)
     got, _ = strategy("reinforce_pp_baseline").token_advantages(batch)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 

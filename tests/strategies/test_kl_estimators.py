@@ -2,9 +2,12 @@
 gradients.
 
 The verl reference reproduces ``kl_penalty`` and ``kl_penalty_forward`` of verl-project/verl@1dda039
-``verl/trainer/ppo/core_algos.py`` L2187-2253 line by line (verl is not imported: ``core_algos.py`` pulls in verl's
-config and distributed internals). TRL's line is ``trl/trainer/grpo_trainer.py`` L3100-3102 (trl 1.16.0), also
-reproduced, so the test does not depend on where TRL keeps it.
+``verl/trainer/ppo/core_algos.py`` L2187-2253 line by line; it always runs. Where verl's released package is
+installed (verl 0.9.1 on PyPI, README Development: "Tests against verl's released code"), the released ``kl_penalty``
+(verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` L2188-2213, with ``kl_penalty_forward`` L2216-2251) is also called
+unchanged on the same inputs; that test skips with the reason where it is not. TRL's line is
+``trl/trainer/grpo_trainer.py`` L3100-3102 (trl 1.16.0), also reproduced, so the test does not depend on where TRL
+keeps it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,20 @@ def test_matches_verl_kl_penalty(seed, scale, name):
     logps, ref = inputs(seed, scale)
     got = value_and_grad(lambda a, b: kl_estimate(a, b, name), logps, ref)
     expected = value_and_grad(lambda a, b: verl_kl_penalty(a, b, VERL_NAME[name]), logps, ref)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", [1.0, 12.0])
+@pytest.mark.parametrize("name", sorted(VERL_NAME))
+def test_matches_verls_released_kl_penalty(seed, scale, name):
+    core_algos = pytest.importorskip(
+        "verl.trainer.ppo.core_algos",
+        reason="verl's released code is not installed: see README Development, the verl reference line")
+    logps, ref = inputs(seed, scale)
+    got = value_and_grad(lambda a, b: kl_estimate(a, b, name), logps, ref)
+    expected = value_and_grad(lambda a, b: core_algos.kl_penalty(a, b, VERL_NAME[name]), logps, ref)
     torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got[1], expected[1], rtol=1e-12, atol=1e-12)
 
