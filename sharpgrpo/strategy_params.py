@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from sharpgrpo.validation import between, integer, non_negative, number, one_of, positive, validate_fields
+from sharpgrpo.validation import between, integer, name, non_negative, number, one_of, positive, validate_fields
 
 CW_SCOPES = ("group", "batch")
 CW_ADVANTAGE_MEANS = ("response", "token")
@@ -297,12 +297,12 @@ class StrategyParams:
         "result does not depend on it beyond rounding).", integer(1),
     )
     # Distillation from a teacher (docs/methods.md §16).
-    teacher_model: str | None = field(  # any path or Hub name: checked when the trainer loads the teacher
-        default=None, metadata={"help": (
-            "`opd`, `iw_opd`: the teacher whose per-token log-probability of the sampled token enters the advantage: "
-            "`ref` (TRL's reference model, beta > 0; in a LoRA run the frozen base), `base` (a LoRA run's frozen "
-            "base, the adapter disabled) or a model's path or Hub name sharing the policy's tokenizer. "
-            "docs/methods.md §16.")},
+    teacher_model: str | None = param(  # any path or Hub name: loaded and checked when the trainer is built
+        None,
+        "`opd`, `iw_opd`: the teacher whose per-token log-probability of the sampled token enters the advantage: "
+        "`ref` (TRL's reference model, beta > 0; in a LoRA run the frozen base), `base` (a LoRA run's frozen base, "
+        "the adapter disabled) or a model's path or Hub name sharing the policy's tokenizer. docs/methods.md §16.",
+        name(allow_none=True),
     )
     opd_coef: float = param(
         1.0, "`opd`: A' = A + coef * d, d = log pi_teacher - log pi_old at the sampled token (slime --opd-kl-coef, "
