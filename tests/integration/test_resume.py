@@ -49,11 +49,85 @@ def test_resumed_run_continues_exactly(tiny_model_path, tmp_path, strategies):
     assert resumed["strategy_state"] == full["strategy_state"]
     assert resumed["param_sum"] == pytest.approx(full["param_sum"], abs=1e-9)
     if strategies == "random":
-        # Without the strategy state the generator restarts from its seed: the same checkpoint then gives other
-        # weights, hence other losses (so the file is what makes the resume exact).
+        # Without the strategy state the generator would restart from its seed (other weights, other losses): such a
+        # checkpoint is refused, naming the file, instead of resuming with fresh state.
+        from sharpgrpo.run.lifecycle import CheckpointError
+
         os.remove(checkpoint / "sharpgrpo_strategy_state.pt")
-        restarted = run_case(
-            tiny_model_path, str(tmp_path / "restarted"), strategies=strategies,
-            resume_from_checkpoint=str(checkpoint), **OPTIONS,
-        )
-        assert logged(restarted) != pytest.approx(logged(full), abs=1e-7)
+        with pytest.raises(CheckpointError, match="lacks sharpgrpo_strategy_state.pt"):
+            run_case(tiny_model_path, str(tmp_path / "restarted"), strategies=strategies,
+                     resume_from_checkpoint=str(checkpoint), **OPTIONS)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every piece of state (issue 42): loss, every weight, the optimizer and every stateful strategy's state.
+
+
+def stateful_strategies() -> set[str]:
+    """Registered strategies whose state_dict() holds something (they override Strategy.state_dict)."""
+    from sharpgrpo.strategies import STRATEGIES
+    from sharpgrpo.strategies.base import Strategy
+
+    return {name for name in STRATEGIES.names() if STRATEGIES.get(name).state_dict is not Strategy.state_dict}
+
+
+# Each stateful strategy, composed where they compose (one weight strategy and loss strategies): one pair of runs.
+EVERY_STATE = ["random", "clip_cov"]
+
+
+def test_every_stateful_strategy_is_resumed_here():
+    assert stateful_strategies() <= set(EVERY_STATE), (
+        f"{sorted(stateful_strategies() - set(EVERY_STATE))} keep state: add them to EVERY_STATE"
+    )
+
+
+def _train(model_path, output_dir, resume_from=None, **overrides):
+    """A 4-step run saving checkpoint-2 (a generation boundary, module docstring); returns the trainer."""
+    from helpers import make_trainer, tiny_config
+
+    args = tiny_config(output_dir, per_device_train_batch_size=8, max_steps=4, save_strategy="steps", save_steps=2,
+                       steps_per_generation=2, optim="adamw_torch", learning_rate=1e-2, **overrides)  # fmt: skip
+    trainer = make_trainer(model_path, args, train_dataset=64)
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer
+
+
+def _state(trainer) -> dict:
+    """Everything that must match: per-step losses, every weight, the optimizer's state, the strategies' state."""
+    optimizer = trainer.optimizer.state_dict()
+    return {
+        "loss": [(e["step"], e["loss"], e.get("grad_norm")) for e in trainer.state.log_history if "loss" in e],
+        "weights": {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()},
+        "optimizer": {(key, name): value.clone() for key, group in optimizer["state"].items()
+                      for name, value in group.items() if torch.is_tensor(value)},  # fmt: skip
+        "strategies": {name: {k: v.tolist() if torch.is_tensor(v) else v for k, v in state.items()}
+                       for name, state in trainer.strategy_state().items()},  # fmt: skip
+        "generation_count": trainer._generation_count,
+    }
+
+
+def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_in_every_piece_of_state(tiny_model_path, tmp_path):
+    """The run is cut after checkpoint-2 (a second trainer resumes from that folder, which is what a run killed
+    after saving it leaves) and must end where the uninterrupted run ends: the same losses at steps 3-4, bit-equal
+    weights and Adam moments, the same generator states of every stateful strategy and the same generation count."""
+    strategies = ",".join(EVERY_STATE)
+    full = _state(_train(tiny_model_path, tmp_path / "full", strategies=strategies))
+    checkpoint = tmp_path / "full" / "checkpoint-2"
+    resumed = _state(_train(tiny_model_path, tmp_path / "resumed", resume_from=str(checkpoint), strategies=strategies))
+    later = [[value for value in entry[1:]] for entry in resumed["loss"] if entry[0] > 2]
+    assert [e[0] for e in resumed["loss"] if e[0] > 2] == [3, 4]
+    assert sum(later, []) == pytest.approx(sum([list(e[1:]) for e in full["loss"] if e[0] > 2], []), abs=1e-7)
+    assert resumed["weights"].keys() == full["weights"].keys()
+    for name, tensor in full["weights"].items():
+        torch.testing.assert_close(resumed["weights"][name], tensor, rtol=0, atol=1e-7, msg=name)
+    assert resumed["optimizer"].keys() == full["optimizer"].keys()
+    for key, tensor in full["optimizer"].items():
+        torch.testing.assert_close(resumed["optimizer"][key], tensor, rtol=0, atol=1e-7, msg=str(key))
+    assert set(resumed["strategies"]) == set(full["strategies"]) and resumed["strategies"] == full["strategies"]
+    assert resumed["generation_count"] == full["generation_count"]
+    # Without the strategy state the resume is refused naming the file (no silent fresh generators).
+    from sharpgrpo.run.lifecycle import CheckpointError, resolve_resume_checkpoint
+
+    (checkpoint / "sharpgrpo_strategy_state.pt").unlink()
+    with pytest.raises(CheckpointError, match="lacks sharpgrpo_strategy_state.pt"):
+        resolve_resume_checkpoint(str(checkpoint), str(tmp_path / "full"))
