@@ -25,9 +25,15 @@ def train_one_step(model_path, output_dir, strategy: str):
     # binary rewards: correct and incorrect completions in a group, so that THR, Pass@K, KTAE ... act and log
     from sharpgrpo.validation import ConfigError
 
+    options = dict(strategies=[strategy], per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+                   max_steps=1, loss_type=loss_type)  # fmt: skip
     try:
-        args = tiny_config(output_dir, strategies=[strategy], per_device_train_batch_size=4, num_generations=4,
-                           max_completion_length=4, max_steps=1, loss_type=loss_type)  # fmt: skip
+        try:
+            args = tiny_config(output_dir, **options)
+        except ConfigError as error:  # on-policy distillation: the tiny model itself stands in as the teacher
+            if "needs teacher_model" not in str(error):
+                raise
+            args = tiny_config(output_dir, teacher_model=str(model_path), **options)
         trainer = make_trainer(model_path, args, reward_funcs=[binary_letters_reward], train_dataset=8)
     except ConfigError as error:  # a strategy of the vLLM engine's log-probabilities: tests/vllm runs it
         if "use_vllm" not in str(error):
