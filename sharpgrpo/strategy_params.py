@@ -359,15 +359,17 @@ class StrategyParams:
         False, "`rollout_correction`: divide the weights by their batch mean (verl's rollout_is_batch_normalize).",
         one_of(False, True),
     )
-    rollout_rs: str = field(  # checked by the strategy's check_params (parsed as verl parses it)
-        default="none", metadata={"help":
+    rollout_rs: str = param(  # the options are parsed by the strategy's check_params, as verl parses them
+        "none",
         "`rollout_correction`/`rollout_correction_bypass`: rejection options, comma separated (token_k1..3, "
-        "seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/k3; verl's rollout_rs), or `none`."},
+        "seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/k3; verl's rollout_rs), or `none`.",
+        name(),
     )
-    rollout_rs_threshold: str | None = field(
-        default=None, metadata={"help":
+    rollout_rs_threshold: str | None = param(  # the bounds are parsed by the strategy's check_params
+        None,
         "`rollout_correction`/`rollout_correction_bypass`: bounds of `rollout_rs`, one or one per option: K1 "
-        "'lower_upper' ratio bounds (one number: upper, lower its reciprocal), K2/K3 an upper bound (verl)."},
+        "'lower_upper' ratio bounds (one number: upper, lower its reciprocal), K2/K3 an upper bound (verl).",
+        name(allow_none=True),
     )
 
     def __post_init__(self):

@@ -253,7 +253,7 @@ def test_bad_script_input_is_refused_before_any_model(train_module, data_files, 
         train_module.main(*parser.parse_args_and_config(args=argv))
     message = str(info.value)
     assert isinstance(info.value, ConfigError), f"{type(info.value).__name__}: {message}"
-    assert message.startswith(f"{field}="), message
+    assert message.startswith(f"{field}=") or message.startswith(f"{field}["), message  # a list entry: field[i]=
     assert fragment in message and "\n" not in message
     assert not cache.exists() and not (data_files / "out").exists()  # no model built, loaded or saved
 
