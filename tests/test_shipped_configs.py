@@ -143,12 +143,12 @@ def test_config_passes_train_checks_before_the_model(path, restore_environment, 
 
 
 def _write_simplerl_zoo_rows(path: Path) -> None:
-    """Two rows in the layout the THR configs map (SimpleRL-Zoo's parquet: ``question``, ``extra_info.answer``)."""
+    """Rows in the layout the THR configs map (SimpleRL-Zoo's parquet: ``question``, ``extra_info.answer``): 64, the
+    prompts of one of their generation batches (512 / 8), since fewer is refused as a run that cannot train."""
     import pandas as pd
 
     path.parent.mkdir(parents=True)
-    rows = [{"question": "What is 1 + 1?", "extra_info": {"answer": "2"}},
-            {"question": "What is 2 + 3?", "extra_info": {"answer": "5"}}]  # fmt: skip
+    rows = [{"question": f"What is {i} + {i + 1}?", "extra_info": {"answer": str(2 * i + 1)}} for i in range(64)]
     pd.DataFrame(rows).to_parquet(path)
 
 

@@ -45,5 +45,5 @@ def test_unknown_strategy_fails_before_loading_a_model(tmp_path):
     command = [sys.executable, "train.py", "--config", "configs/demo.yaml", "--strategies", "grpo_sgg"]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
-    assert "Unknown strategy 'grpo_sgg'. Valid names:" in result.stderr
+    assert "Unknown strategy 'grpo_sgg' (did you mean grpo_sg?). Valid names:" in result.stderr
     assert not (tmp_path / "cache").exists()  # failed at config parsing, before building or loading a model

@@ -36,6 +36,7 @@ def grid_trainer(tiny_model_path, tmp_path_factory):
     return trainer
 
 
+@pytest.mark.every_strategy  # one run per registered strategy grows with the registry: `-m every_strategy` (CI)
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_loss_type_grid(grid_trainer, strategy):
     trainer = grid_trainer

@@ -57,7 +57,9 @@ def strategy_config(strategies: list[str]) -> dict:
 
 @pytest.mark.parametrize(
     "strategies",
-    [[name] for name in BUILTIN] + [["grpo_sg", "cw_grpo"], ["grpo_sg", "passk_mixed", "thr"]],
+    # one run per registered strategy grows with the registry: `-m every_strategy` (CI); compositions by default
+    [pytest.param([name], marks=pytest.mark.every_strategy) for name in BUILTIN]
+    + [["grpo_sg", "cw_grpo"], ["grpo_sg", "passk_mixed", "thr"]],
     ids=lambda s: "+".join(s),
 )
 def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
