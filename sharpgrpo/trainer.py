@@ -33,7 +33,7 @@ from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint
 from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord, advantage_pipeline, row_verdicts
 from sharpgrpo.training.generation.advantage_pipeline import tag_groups
 from sharpgrpo.training.generation.capture import GenerationCapture
-from sharpgrpo.training.generation.dynamic_sampling import generate_batch, needs_verdicts
+from sharpgrpo.training.generation.dynamic_sampling import dynamic_sampler, generate_batch, needs_verdicts
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
 from sharpgrpo.training.generation.inputs import input_providers
 from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_logps_source, prompt_completion
@@ -106,6 +106,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             prepare_colocated_engine(self.vllm_generation, args, self.accelerator.process_index)  # seed, sync
         self._paper = trl_paper(args.strategies, self._paper)
         self._input_providers = input_providers(self, self._needs().inputs)  # sharpgrpo.training.generation.inputs
+        self._dynamic_sampler = dynamic_sampler(self)  # its filter checked against the run's reward functions
         folded = self._folded_strategy() is not None
         self._telemetry = telemetry_recorder(self, self.strategies, folded) if args.token_telemetry else None
 

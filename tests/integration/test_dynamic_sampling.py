@@ -215,9 +215,13 @@ def test_two_processes_end_each_step_with_the_same_groups(tiny_model_path, tmp_p
 
 
 def test_an_unknown_filter_names_the_setting_and_the_rewards(tiny_model_path, tmp_path):
+    from helpers import make_trainer, tiny_config
+
+    args = tiny_config(tmp_path / "nope", per_device_train_batch_size=16, num_generations=G, max_steps=2,
+                       dynamic_sampling=True, dynamic_sampling_filter="nope")
     with pytest.raises(ValueError, match=r"dynamic_sampling_filter='nope': must be reward_std, accuracy or the name "
                                          r"of one of the run's reward functions .*: solved_often_reward\."):
-        train(tiny_model_path, tmp_path / "nope", dynamic_sampling=True, dynamic_sampling_filter="nope")
+        make_trainer(tiny_model_path, args, reward_funcs=[solved_often_reward], train_dataset=64)  # before any step
     trainer = train(tiny_model_path, tmp_path / "named", dynamic_sampling=True,
                     dynamic_sampling_filter="rewards/solved_often_reward/mean")  # the logged column's name
     assert all(equal_reward_groups(rewards) == 0 for rewards, _ in trainer.trained_rewards)

@@ -56,7 +56,7 @@ def needs_verdicts(args) -> bool:
 def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]], dict], mode: str):
     """One generation batch for ``trainer``: ``generate`` (TRL's ``_generate_and_score_completions``) on ``inputs``
     with a fresh generation record, refilled by the trainer's :class:`DynamicSampler` in training when
-    ``dynamic_sampling`` is on (built on first use). Returns (the input rows, TRL's output, the generation record)."""
+    ``dynamic_sampling`` is on (built with the trainer, :func:`dynamic_sampler`; on first use where it was not). Returns (the input rows, TRL's output, the generation record)."""
     from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
 
     def one_round(rows: list[dict]):
@@ -68,6 +68,12 @@ def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]],
     if getattr(trainer, "_dynamic_sampler", None) is None:
         trainer._dynamic_sampler = DynamicSampler.from_trainer(trainer)
     return trainer._dynamic_sampler.generate(inputs, one_round, trainer._generation_count)
+
+
+def dynamic_sampler(trainer) -> DynamicSampler | None:
+    """The trainer's :class:`DynamicSampler` where ``dynamic_sampling`` is on, built when the trainer is (so a filter
+    that names no reward function of the run is refused before the first step), else None."""
+    return DynamicSampler.from_trainer(trainer) if trainer.args.dynamic_sampling else None
 
 
 class DynamicSamplingError(RuntimeError):
