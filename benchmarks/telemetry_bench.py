@@ -64,7 +64,7 @@ def build(args, model_path: Path, root: Path) -> dict:
     for index, (name, telemetry) in enumerate(setups):
         kwargs = step_bench.config_kwargs(args, root / f"trainer{index}", max_steps)
         config = SharpGRPOConfig(**kwargs, strategies=[args.strategy], token_telemetry=telemetry,
-                                 telemetry_steps=args.telemetry_steps)
+                                 telemetry_steps=args.telemetry_steps if telemetry else 0)
         trainer = SharpGRPOTrainer(model=str(model_path), reward_funcs=[reward], args=config, train_dataset=dataset,
                                    processing_class=AutoTokenizer.from_pretrained(model_path))
         trainer.remove_callback(PrinterCallback)

@@ -12,7 +12,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from sharpgrpo.validation import between, integer, name, non_negative, number, one_of, positive, validate_fields
+from sharpgrpo.validation import (
+    between,
+    in_tensor_range,
+    integer,
+    name,
+    non_negative,
+    number,
+    one_of,
+    positive,
+    validate_fields,
+)
 
 CW_SCOPES = ("group", "batch")
 CW_ADVANTAGE_MEANS = ("response", "token")
@@ -35,12 +45,14 @@ class _RuledField(dataclasses.Field):
 
 def param(default, help: str, rule):
     """A field of ours: its default, what it does (``help``: a line or two, details in docs/methods.md) and the
-    values it accepts (``rule``, sharpgrpo.validation), declared together."""
+    values it accepts (``rule``, sharpgrpo.validation), declared together. Every number is also held to the range
+    of the tensors it meets (``validation.in_tensor_range``: |x| <= 1e30 for a real, int64 for an integer), so a
+    value that passes the checks (a clip range of 1e300) cannot overflow later."""
     plain = field(default=default, metadata={"help": help})
     ruled = _RuledField.__new__(_RuledField)
     for slot in dataclasses.Field.__slots__:
         setattr(ruled, slot, getattr(plain, slot))
-    ruled.rule = rule
+    ruled.rule = in_tensor_range(rule)
     return ruled
 
 

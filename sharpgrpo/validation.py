@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Any
 
@@ -46,6 +46,7 @@ class Rule:
     extra: tuple[Any, ...] = ()  # values accepted besides the range (e.g. max_steps -1)
     note: str = ""  # why, appended to the error
     text: bool = False  # a non-empty string (a name checked where its choices are known)
+    limit: float | None = None  # |value| <= limit: the range of the tensor type the value meets (in_tensor_range)
 
     def describe(self) -> str:
         if self.text:
@@ -64,7 +65,21 @@ class Rule:
         alternatives = [repr(v) for v in self.extra] + (["None"] if self.allow_none else [])
         if alternatives:
             text += " (or " + " or ".join(alternatives) + ")"
+        text += self._describe_limit()
         return text + (f"; {self.note}" if self.note else "")
+
+    def _describe_limit(self) -> str:
+        """How :attr:`limit` narrows the range, where the range's own ends do not already keep within it."""
+        if self.limit is None or self.text or self.choices is not None:
+            return ""
+        kind = "int64" if self.integer else "float32"
+        if self.low is None and self.high is None:
+            return f"; at most {_fmt(self.limit)} in magnitude ({kind} range)"
+        if self.high is None:
+            return f"; at most {_fmt(self.limit)} ({kind} range)" if self.low < self.limit else ""
+        if self.low is None:
+            return f"; at least {_fmt(-self.limit)} ({kind} range)" if self.high > -self.limit else ""
+        return ""
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -79,6 +94,8 @@ class Rule:
             return False
         if value in self.extra:
             return True
+        if self.limit is not None and not abs(value) <= self.limit:  # before float(): a huge int overflows it
+            return False
         value = float(value)
         if not math.isfinite(value):
             return False
@@ -157,6 +174,17 @@ class Renamed(Rule):
             raise ConfigError(f"{name}={_fmt(value)}: {name} was renamed {self.new_name}; set {self.new_name} instead.")
 
 
+def in_tensor_range(rule: Rule) -> Rule:
+    """``rule`` with the magnitude limit of the tensors the value meets: a real number at most :data:`FLOAT32_SAFE`
+    (it becomes a float32 or bf16 scalar beside the model's tensors, where 1e300 cannot be converted and overflows
+    at the first step), an integer at most :data:`INT64_MAX` (seeds, sizes and counts become int64). Every field of
+    ours is declared through it (``sharpgrpo.strategy_params.param``), so a value that passes the checks does not
+    overflow later. Names, choices and rules with a limit of their own are returned as they are."""
+    if type(rule) is not Rule or rule.text or rule.choices is not None or rule.limit is not None:
+        return rule
+    return replace(rule, limit=INT64_MAX if rule.integer else FLOAT32_SAFE)
+
+
 def renamed(new_name: str) -> Rule:
     """The rule of an old field name kept only to say what it became."""
     return Renamed(new_name=new_name, allow_none=True)
@@ -189,8 +217,17 @@ def validate_arguments(fn: Any, kwargs: Mapping[str, Any], label: str) -> None:
 
 
 # Clip ranges are applied to float32 (or bf16) ratios: a bound beyond float32's range (3.4e38) cannot be converted and
-# fails at the first step; far below it a range already clips nothing.
+# fails at the first step; far below it a range already clips nothing. Every real-valued field of ours is held to it
+# too (in_tensor_range), and every integer field to int64's range.
 FLOAT32_SAFE = 1e30
+INT64_MAX = 2**63 - 1
+# The largest |reward * weight| of one reward function (reward_weights entries are held to it as well): TRL sums the
+# weighted rewards in float32 and normalises them by their group's (or batch's) std, whose variance sums n squared
+# deviations; with K functions each within REWARD_LIMIT a deviation is at most 2 K 1e9, so the sum stays finite in
+# float32 (3.4e38) for any n K^2 < 8e19. A reward of 1e308 passes a finiteness check, becomes inf in float32, and
+# trains nothing (zero or NaN advantages).
+REWARD_LIMIT = 1e9
+_REWARD_NOTE = "a reward times its weight must stay within +-1e9 (rewards are summed and normalised in float32)"
 _CLIP_NOTE = "the ratio is clipped in float32, whose largest value is 3.4e38 (1e3 already clips nothing)"
 
 # TRL / transformers fields whose bad values would otherwise surface only after the model loads (or never).
@@ -237,7 +274,7 @@ def validate_trl_fields(config: Any) -> None:
         if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
             raise ConfigError(f"reward_weights={weights!r}: must be a list of finite numbers, one per reward.")
         for index, weight in enumerate(weights):
-            number().check(f"reward_weights[{index}]", weight)
+            between(-REWARD_LIMIT, REWARD_LIMIT, note=_REWARD_NOTE).check(f"reward_weights[{index}]", weight)
 
 
 # --------------------------------------------------------------------------------------------------------------

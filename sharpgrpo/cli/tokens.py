@@ -203,7 +203,14 @@ def _telemetry_main(args) -> dict[str, Any]:
             step = max(files)
         if step not in files:
             raise ValueError(f"--step {step}: {path} has telemetry for steps {', '.join(map(str, sorted(files)))}")
-        frame, meta = read_telemetry(files[step])
+        frame, meta = read_telemetry(files[step])  # refused when it is another run's than the folder it sits in
+        if meta.get("run_folder") is None:
+            import sys
+
+            print(f"[sharpgrpo] {files[step]} is not inside a run folder (RUN/telemetry/ with RUN/training_args.json): "
+                  "its schema and step are checked, which run it belongs to is not (its metadata says "
+                  f"output_dir={meta.get('output_dir')}, strategies={meta.get('strategies')}, seed={meta.get('seed')})",
+                  file=sys.stderr)
         return step, frame, meta, files[step]
 
     groups = [int(g) for text in args.group for g in str(text).split(",") if g != ""]

@@ -5,8 +5,9 @@ shows what was trained on, for every strategy, a user-registered one included. `
 (``sharpgrpo.cli.tokens``) is the command line.
 
 * ``read_telemetry(path)``: one file as a pandas frame plus its metadata, refused with one line naming the file when
-  it is truncated, not parquet or of another schema; derived columns ``p`` = exp(logp) and ``factor`` =
-  A[i,t] / A[i] (advantage over TRL's sequence advantage; NaN where A[i] = 0).
+  it is truncated, not parquet or of another schema, or another run's (``check_run_of``: its metadata against the
+  run folder it sits in); derived columns ``p`` = exp(logp) and ``factor`` = A[i,t] / A[i] (advantage over TRL's
+  sequence advantage; NaN where A[i] = 0).
 * ``select_tokens``: pick groups (prompts) and mark the tokens a filter names (clipped, masked, zero_weight).
 * ``telemetry_page``: each completion's tokens shaded by any numeric column, one or two runs side by side.
 """
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from sharpgrpo.diagnostics.token_page import REPLACEMENT, STYLE, Shading, _prompt_text, write_page
-from sharpgrpo.training.telemetry.recorder import METADATA_KEY, REQUIRED, SCHEMA_VERSION
+from sharpgrpo.training.telemetry.recorder import FOLDER, METADATA_KEY, REQUIRED, SCHEMA_VERSION, file_metadata
 
 FILTERS = {
     "clipped": "a clip bound is active (clip_low or clip_high)",
@@ -85,11 +86,77 @@ def read_telemetry(path: str | Path):
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise TelemetryFileError(f"telemetry file {path}: another schema, columns missing: {', '.join(missing)}")
+    run = check_run_of(path, meta)
+    meta["run_folder"] = None if run is None else str(run)
     frame = table.to_pandas()
     frame["p"] = np.exp(frame["logp"].astype(np.float64))
     trl = frame["advantage_trl"].astype(np.float64)
     frame["factor"] = np.where(trl != 0, frame["advantage"] / trl.where(trl != 0, 1.0), np.nan)
     return frame, meta
+
+
+# What a telemetry file's metadata says about the run that wrote it, all made from the run's arguments
+# (recorder.file_metadata): a file whose values differ from its run folder's is another run's.
+RUN_KEYS = ("output_dir", "strategies", "strategy_params", "loss_type", "weight_placement", "importance_sampling_level",
+            "epsilon_low", "epsilon_high", "beta", "temperature", "num_generations", "seed")
+
+
+def run_folder_of(path: str | Path) -> Path | None:
+    """The training run folder a telemetry file sits in (``RUN/telemetry/telemetry_<step>.parquet`` with the run's
+    ``training_args.json`` in ``RUN``), or None for a file outside one."""
+    from sharpgrpo.run.lifecycle import TRAINING_ARGS_JSON
+
+    folder = Path(path).resolve().parent
+    if folder.name != FOLDER or not (folder.parent / TRAINING_ARGS_JSON).is_file():
+        return None
+    return folder.parent
+
+
+def check_run_of(path: str | Path, meta: dict[str, Any]) -> Path | None:
+    """Refuse, in one line naming the file and the run folder, a telemetry file that is not the run's it sits in (a
+    file copied from another run is otherwise shown as this run's): its step must be the one its name says, within
+    the run's ``max_steps``, and the settings its metadata records (``recorder.file_metadata``; :data:`RUN_KEYS`:
+    the run folder's name, strategies and their parameters, loss, clip range, beta, temperature, group size, seed)
+    must be the run's own, as ``file_metadata`` makes them from the run's ``training_args.json``. Returns the run folder, or None for a file outside a run folder (then only the
+    file's own schema and step are checked; which run it belongs to is not)."""
+    from sharpgrpo.run.lifecycle import TRAINING_ARGS_JSON
+
+    path = Path(path)
+    named = _step_of(path)
+    if named >= 0 and meta.get("step") != named:
+        raise TelemetryFileError(f"telemetry file {path}: its metadata says step {meta.get('step')}, its name step "
+                                 f"{named}; a renamed file of another step is not shown as this one")
+    run = run_folder_of(path)
+    if run is None:
+        return None
+    try:
+        saved = json.loads((run / TRAINING_ARGS_JSON).read_text(encoding="utf-8"))
+        expected = file_metadata(_Args(saved), meta.get("step"), [])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # not a run's arguments file: the run is not known
+    differ = [key for key in RUN_KEYS if key in meta and key in expected and _json(meta[key]) != _json(expected[key])]
+    max_steps = saved.get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0 and isinstance(meta.get("step"), int) and meta["step"] > max_steps:
+        differ.append("step")
+        expected["step"] = f"<= max_steps={max_steps}"
+    if differ:
+        shown = "; ".join(f"{key}={_json(meta[key])} in the file, {_json(expected[key])} in the run" for key in differ[:3])
+        raise TelemetryFileError(
+            f"telemetry file {path} is not the run's in {run} (another run's file, copied?): {shown} (the run's "
+            f"{TRAINING_ARGS_JSON}); read it from its own run folder"
+        )
+    return run
+
+
+class _Args:
+    """A run's saved arguments (``training_args.json``) read as the config ``file_metadata`` takes."""
+
+    def __init__(self, saved: dict[str, Any]):
+        self.__dict__.update(saved)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def filter_mask(frame, name: str | None):

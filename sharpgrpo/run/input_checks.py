@@ -26,7 +26,6 @@ def check_training_inputs(task, training_args, model_args, load_dataset: bool = 
     model_name = checked_model_name(model_args.model_name_or_path)
     check_model_source(model_name, revision=model_args.model_revision)
     reward_funcs = resolve_reward_functions(task.reward_funcs)
-    check_strategies_act(training_args)
     check_dataset_source(task.dataset_name, task.dataset_kwargs)
     if not load_dataset:
         return TrainingInputs(model_name, reward_funcs, None)
@@ -34,26 +33,6 @@ def check_training_inputs(task, training_args, model_args, load_dataset: bool = 
     check_rewards(task.reward_funcs, reward_funcs, train_dataset, task.dataset_name, training_args.reward_weights)
     check_enough_prompts(train_dataset, task.dataset_name, training_args)
     return TrainingInputs(model_name, reward_funcs, train_dataset)
-
-
-def check_strategies_act(args) -> None:
-    """Refuse a strategy whose parameters make it inert: each strategy may declare ``inert(args) -> reason | None``
-    (e.g. ``ktae_scale: 0``), and this one check asks every selected strategy, so a run never trains a method that
-    does nothing while its name says otherwise."""
-    from sharpgrpo.strategies import STRATEGIES
-
-    for name in getattr(args, "strategies", None) or []:
-        try:
-            cls = STRATEGIES.get(name)
-        except ValueError:
-            continue  # the config already refused an unknown name
-        declare = getattr(cls, "inert", None)
-        reason = declare(args) if callable(declare) else None
-        if reason:
-            raise ConfigError(
-                f"strategies={list(args.strategies)}: {name} would do nothing here ({reason}); change its parameters, "
-                "or train without it (`equal` is plain GRPO)."
-            )
 
 
 def checked_model_name(value: Any) -> str:

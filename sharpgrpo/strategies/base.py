@@ -159,6 +159,13 @@ class Strategy:
         """Cross-field checks and warnings on the whole config, run when the strategy is selected; nothing by
         default."""
 
+    @classmethod
+    def inert(cls, args: Any) -> str | None:
+        """Why this strategy would do nothing with these parameters (e.g. ``ktae_scale=0: ...``), or None when it
+        acts (the default). A selected strategy that is inert is refused with the reason while the config is built
+        (``StrategySet.check_config``), from the command line and the Python API alike."""
+        return None
+
     def state_dict(self) -> dict:
         """State that must survive checkpoint and resume (e.g. a random generator's state tensor): tensors, numbers,
         strings, lists and dicts only, since checkpoints are loaded with ``torch.load(weights_only=True)``."""

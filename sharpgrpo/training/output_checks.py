@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any
 
+from sharpgrpo.training.generation.dense_rewards import DenseRewardCollector, dense_rewards_read
+from sharpgrpo.validation import REWARD_LIMIT
+
 # --------------------------------------------------------------------------------------------------------------
 # Strategy outputs (checked by the trainer once per step)
 
@@ -150,10 +153,12 @@ class RewardOutputError(ValueError):
     """A reward function returned something other than one finite number (or None) per completion."""
 
 
-def check_reward_output(name: str, output: Any, expected: int, one_of_several: bool) -> list:
+def check_reward_output(name: str, output: Any, expected: int, one_of_several: bool, weight: float = 1.0) -> list:
     """``output`` of reward function ``name`` for ``expected`` completions, as a list, or the error naming the
-    function and its first bad value: a list (or 1-d array) of ``expected`` finite numbers or None; None for every
-    completion only when other reward functions score the batch (otherwise it has no training signal)."""
+    function and its first bad value: a list (or 1-d array) of ``expected`` finite numbers or None, each within
+    +-``REWARD_LIMIT`` once multiplied by the function's ``weight`` (its ``reward_weights`` entry; TRL sums the
+    weighted rewards in float32, where 1e308 is inf: ``sharpgrpo.validation.REWARD_LIMIT`` says why 1e9); None for
+    every completion only when other reward functions score the batch (otherwise it has no training signal)."""
     if hasattr(output, "tolist") and not isinstance(output, (str, bytes)):
         output = output.tolist()  # a numpy array or tensor
     if not isinstance(output, (list, tuple)):
@@ -172,10 +177,17 @@ def check_reward_output(name: str, output: Any, expected: int, one_of_several: b
             continue
         if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
             value = values[index] = value.item()  # a 0-d tensor or numpy scalar
-        if not isinstance(value, Real) or not math.isfinite(value):
+        if not isinstance(value, Real) or not _finite(value):
             raise RewardOutputError(
                 f"Reward function {name!r} returned {value!r} for completion {index} of {expected}; a reward must be "
                 "a finite number, or None for a completion the function does not score."
+            )
+        if abs(float(value) * weight) > REWARD_LIMIT:  # float(): finite, so an int converts
+            weighted = "" if weight == 1 else f" (times its reward_weights entry {weight:g}: {float(value) * weight:g})"
+            raise RewardOutputError(
+                f"Reward function {name!r} returned {value!r} for completion {index} of {expected}{weighted}; a "
+                f"reward times its weight must be within +-{REWARD_LIMIT:g}: TRL sums and normalises rewards in "
+                "float32, where larger values overflow and train nothing."
             )
     if not one_of_several and expected and all(value is None for value in values):
         raise RewardOutputError(
@@ -183,6 +195,13 @@ def check_reward_output(name: str, output: Any, expected: int, one_of_several: b
             "reward function there is no training signal (None means the function does not score a completion)."
         )
     return values
+
+
+def _finite(value: Real) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def checked_reward_functions(reward_funcs: Any, args: Any = None) -> Any:
@@ -201,28 +220,36 @@ def checked_reward_functions(reward_funcs: Any, args: Any = None) -> Any:
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     several = len(funcs) > 1
+    dense_allowed = args is not None and dense_rewards_read(args)
+    weights = list(getattr(args, "reward_weights", None) or [1.0] * len(funcs))
+    weights = weights if len(weights) == len(funcs) else [1.0] * len(funcs)  # a wrong count: TRL refuses it
 
-    def wrap(fn):
+    def wrap(fn, weight: float = 1.0):
         if isinstance(fn, str) or not callable(fn) or hasattr(fn, "parameters") or hasattr(fn, "__checked_reward__"):
             return fn  # a Hub id, a reward model (nn.Module), or wrapped already
         name = get_callable_name(fn)
+        dense = DenseRewardCollector(name, dense_allowed)  # per-token / per-turn rewards -> their sums (dense_rewards)
 
         if is_async_callable(fn):
 
             async def checked(*args, **kwargs):
-                output = await fn(*args, **kwargs)
-                return check_reward_output(name, output, len(kwargs["completions"]), several)
+                output = dense.convert(await fn(*args, **kwargs), kwargs.get("completion_ids"))
+                return check_reward_output(name, output, len(kwargs["completions"]), several, weight)
 
         else:
 
             def checked(*args, **kwargs):
-                return check_reward_output(name, fn(*args, **kwargs), len(kwargs["completions"]), several)
+                output = dense.convert(fn(*args, **kwargs), kwargs.get("completion_ids"))
+                return check_reward_output(name, output, len(kwargs["completions"]), several, weight)
 
         functools.update_wrapper(checked, fn, assigned=("__module__", "__qualname__", "__doc__"))
         checked.__name__ = name
         checked.__checked_reward__ = True
+        checked.__dense_rewards__ = dense
         return checked
 
     if reward_funcs is None:
         return None
-    return [wrap(fn) for fn in funcs] if isinstance(reward_funcs, (list, tuple)) else wrap(reward_funcs)
+    if isinstance(reward_funcs, (list, tuple)):
+        return [wrap(fn, float(weight)) for fn, weight in zip(funcs, weights, strict=True)]
+    return wrap(reward_funcs, float(weights[0]))

@@ -141,8 +141,10 @@ class StrategySet:
         """Relations between the config's fields and its strategies, before any model loads: the strategies resolve,
         at most one is a weight strategy, loss strategies compose (``check_loss_compositions``), a weight placed in
         the ratio has a per-token ratio to scale, every needed generation input is registered; then the strategies'
-        own checks (``check_params`` of every registered one, ``check_config`` of each selected one) and a warning
-        for a strategy parameter that none of the selected strategies reads."""
+        own checks (``check_params`` of every registered one, ``check_config`` of each selected one), the one check
+        that no selected strategy is inert with these parameters (``Strategy.inert``: the CLI and the Python API both
+        build this config, so both refuse it), a warning for a strategy parameter that none of the selected strategies
+        reads, and that the per-token telemetry asked for is delivered (``check_telemetry_request``)."""
         try:
             classes = [STRATEGIES.get(name) for name in args.strategies]
         except ValueError as error:  # an unknown name or a dotted path that does not import
@@ -175,7 +177,48 @@ class StrategySet:
             STRATEGIES.get(name).check_params(args)
         for cls in classes:
             cls.check_config(args)
+        check_strategies_act(args.strategies, classes, args)
         warn_unread_strategy_params(args, classes)
+        check_telemetry_request(args)
+
+
+def check_strategies_act(names: Sequence[str], classes: Sequence[type], args: Any) -> None:
+    """Refuse a strategy whose parameters make it inert: each strategy may declare ``inert(args) -> reason | None``
+    (``Strategy.inert``, e.g. ``ktae_scale: 0``), and this one check asks every selected strategy, so a run never
+    trains a method that does nothing while its name says otherwise."""
+    for name, cls in zip(names, classes, strict=True):
+        declare = getattr(cls, "inert", None)
+        reason = declare(args) if callable(declare) else None
+        if reason:
+            raise ConfigError(
+                f"strategies={list(names)}: {name} would do nothing here ({reason}); change its parameters, or train "
+                "without it (`equal` is plain GRPO)."
+            )
+
+
+def check_telemetry_request(args: Any) -> None:
+    """Per-token telemetry asked for is delivered (README "Token telemetry"): ``telemetry_steps`` without
+    ``token_telemetry`` writes nothing, and a telemetry interval longer than ``max_steps`` (without
+    ``logging_first_step``) makes no step a telemetry step; both are refused naming the fields. With ``max_steps:
+    -1`` the number of steps is known only when training starts and is not checked here."""
+    from sharpgrpo.training.telemetry.recorder import telemetry_interval
+
+    if not args.token_telemetry:
+        if args.telemetry_steps:
+            raise ConfigError(
+                f"telemetry_steps={args.telemetry_steps} with token_telemetry=false: no telemetry is written; set "
+                "token_telemetry: true, or remove telemetry_steps."
+            )
+        return
+    interval = telemetry_interval(args)
+    if 0 < args.max_steps < interval and not args.logging_first_step:
+        field = (f"telemetry_steps={args.telemetry_steps}" if args.telemetry_steps else
+                 f"logging_steps={args.logging_steps:g} (telemetry_steps: 0 takes the logging interval)")
+        raise ConfigError(
+            f"token_telemetry=true with {field} and max_steps={args.max_steps}: no step is a telemetry step, so no "
+            "telemetry file would be written; set telemetry_steps <= max_steps (or logging_first_step: true for "
+            "step 1)."
+        )
 
 
 def warn_unread_strategy_params(args: Any, classes: Sequence[type]) -> None:
