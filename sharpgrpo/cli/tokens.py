@@ -2,12 +2,15 @@
 
     sharpgrpo tokens --telemetry RUN_DIR --output DIR [--step N --group G --shade COLUMN --filter clipped]
     sharpgrpo tokens --telemetry RUN_A --compare RUN_B --step 1 --output DIR
+    sharpgrpo tokens --telemetry VLLM_RUN --what-if rollout_rs=token_k3 --what-if rollout_rs_threshold=0.01 --output DIR
     sharpgrpo tokens --model RUN_DIR --completions RUN_DIR/completions --output DIR
     sharpgrpo tokens --model sharpgrpo-tiny --prompts prompts.jsonl --output DIR
 
 ``--telemetry`` reads the run's per-token telemetry (``token_telemetry: true``), no model: ``tokens.html`` (each token
 shaded by any column, filters, one step and group, two runs or steps side by side), ``telemetry.png`` and
 ``tokens.json`` (``sharpgrpo.diagnostics.telemetry``); it works for every strategy, a user-registered one included.
+``--what-if`` on a vLLM run's telemetry: which tokens another rollout-correction setting would have dropped, and
+their weights, recomputed from the file (``sharpgrpo.diagnostics.correction_what_if``).
 ``--model`` with ``--completions``/``--prompts`` is GRPO-SG App. C.3's token table of a token-weight strategy on a
 model (``sharpgrpo.diagnostics.tokens``): ``tokens.json``, ``tokens.md``, ``tokens.png`` and ``tokens.html``. The
 same as ``python -m sharpgrpo tokens``.
@@ -61,10 +64,13 @@ def _check_options(args) -> None:
     from sharpgrpo.strategies import STRATEGIES
     from sharpgrpo.validation import ConfigError
 
+    if args.what_if and (args.telemetry is None or args.compare is not None or args.compare_step is not None):
+        raise ConfigError("--what-if: only with --telemetry, on one run's step (not with --compare/--compare_step).")
     if args.telemetry is not None:  # no model: the run's files
         check_input_path("--telemetry", args.telemetry, "exists")
         if args.compare is not None:
             check_input_path("--compare", args.compare, "exists")
+        _check_what_if(args.what_if)
         return
     if args.model is None:
         raise ConfigError("--model: required with --completions or --prompts (the model whose probabilities are shown).")
@@ -80,6 +86,20 @@ def _check_options(args) -> None:
             close = difflib.get_close_matches(key, fields, n=1)
             raise ConfigError(f"--set {key}={value}: {key} is not a SharpGRPOConfig field"
                               + (f" (did you mean {close[0]}?)." if close else "."))  # fmt: skip
+
+
+def _check_what_if(changes: list[str]) -> None:
+    """Each ``--what-if`` is KEY=VALUE with KEY a rollout-correction field (the values are checked with the run's
+    setting, once the file is read)."""
+    from sharpgrpo.diagnostics.correction_what_if import WhatIfError, correction_fields, parse_change
+    from sharpgrpo.validation import did_you_mean
+
+    for text in changes:
+        key, value = parse_change(text)
+        if key not in correction_fields():
+            raise WhatIfError(f"--what-if {key}={value}: {key} is not a rollout-correction field"
+                              f"{did_you_mean(key, correction_fields())}; the fields are "
+                              f"{', '.join(correction_fields())}.")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -140,6 +160,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     view.add_argument("--compare_step", type=int, default=None, help="Compare with this step (of --compare, or of "
                       "the same run).")
     view.add_argument("--max_groups", type=int, default=8, help="Groups shown when --group is not given.")
+    view.add_argument(
+        "--what-if", dest="what_if", action="append", default=[], metavar="KEY=VALUE",
+        help="A rollout-correction field with another value, e.g. --what-if rollout_rs=token_k3 --what-if "
+        "rollout_rs_threshold=0.01 (repeatable; a vLLM run's telemetry): the tokens it would drop, recomputed from "
+        "the file's old_logp and sampling_logp; the page is shaded by what_if/change (+1 dropped only under it, -1 "
+        "only under the run's setting) unless --shade says otherwise.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     _check_options(args)
     for label, value, rule in (("--step", args.step, integer(0, allow_none=True)),
@@ -215,6 +242,11 @@ def _telemetry_main(args) -> dict[str, Any]:
 
     groups = [int(g) for text in args.group for g in str(text).split(",") if g != ""]
     step, frame, meta, file = pick(args.telemetry, args.step)
+    changed = None  # the what-if's summary
+    if args.what_if:  # another correction setting, recomputed from the file's own log-probabilities
+        from sharpgrpo.diagnostics.correction_what_if import parse_change, summary_html, summary_line, what_if
+
+        frame, changed = what_if(frame, meta, [parse_change(text) for text in args.what_if])
     runs = [(f"{Path(meta.get('output_dir') or args.telemetry).name or args.telemetry} step {step}", frame, meta)]
     if args.compare is not None or args.compare_step is not None:
         other = args.compare or args.telemetry
@@ -224,13 +256,16 @@ def _telemetry_main(args) -> dict[str, Any]:
         runs.append((label if label != runs[0][0] else label + " (compared)", other_frame, other_meta))
     # each run shaded by its own strategy's column (weight for a weight strategy, factor for an advantage one)
     columns = [args.shade] * len(runs) if args.shade else [_default_column(m, f) for _, f, m in runs]
+    if changed is not None and not args.shade:
+        columns = ["what_if/change"]
     column = columns[0]
     selected = [(label, select_tokens(f, groups=groups or None, token_filter=args.filter,
                                       max_groups=None if groups else args.max_groups), m) for label, f, m in runs]
     from sharpgrpo.run.output_dir import claim_output_target
 
     output = claim_output_target(args.output, command="sharpgrpo tokens")  # inputs read: the folder is this command's
-    page = write_telemetry_page(output / "tokens.html", selected, columns, args.filter)
+    page = write_telemetry_page(output / "tokens.html", selected, columns, args.filter,
+                                notes=summary_html(changed) if changed is not None else "")
     if all(len(f) == 0 for _, f, _ in selected):
         import sys
 
@@ -244,6 +279,9 @@ def _telemetry_main(args) -> dict[str, Any]:
         "summary": {label: summary(f) for label, f, _ in runs},
         "shown": {label: summary(f) for label, f, _ in selected},
     }
+    if changed is not None:
+        result["what_if"] = changed
+        print(summary_line(changed))
     ranking, overall = token_ranking(frame, args.top, args.min_count)  # GRPO-SG App. C.3's table, as trained
     (output / "tokens.md").write_text(tokens_markdown(ranking, " x ".join(meta["strategies"]), overall))
     result.update(ranking, overall=overall)

@@ -9,7 +9,8 @@ shows what was trained on, for every strategy, a user-registered one included. `
   run folder it sits in); derived columns ``p`` = exp(logp) and ``factor`` = A[i,t] / A[i] (advantage over TRL's
   sequence advantage; NaN where A[i] = 0).
 * ``select_tokens``: pick groups (prompts) and mark the tokens a filter names (clipped, masked, zero_weight).
-* ``telemetry_page``: each completion's tokens shaded by any numeric column, one or two runs side by side.
+* ``telemetry_page``: each completion's tokens shaded by any numeric column, one or two runs side by side (a
+  rollout correction's columns and the what-if view of ``sharpgrpo.diagnostics.correction_what_if`` included).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ FILTERS = {
 }
 # Columns shaded around 1 (blue below, orange above, as the weight page), and A[i,t] / A[i] (grey at 0, purple < 0).
 AROUND_ONE = ("weight", "ratio", "surrogate_ratio", "is_weight")
+# Read by a name's last part too (``rollout_correction/is_weight``, ``what_if/change``): a factor on the policy term
+# around 1; a signed difference around 0.
+AROUND_ONE_LAST = ("is_weight", "token_mask", "run_token_mask")
+SIGNED_LAST = ("mismatch_k1", "change")
 HOVER = ("p", "weight", "advantage", "advantage_trl", "factor", "ratio", "entropy", "token_loss", "loss_contribution")
 
 
@@ -239,9 +244,11 @@ def column_kind(column: str) -> str:
     """How a column is shaded: ``factor``, ``around_one`` (w-like), ``signed`` (diverging at 0) or ``level``."""
     if column == "factor":
         return "factor"
-    if column.split("/")[0] in AROUND_ONE:
+    head, last = column.split("/")[0], column.split("/")[-1]
+    if head in AROUND_ONE or ("/" in column and last in AROUND_ONE_LAST):
         return "around_one"
-    if column.split("/")[0] in ("advantage", "advantage_trl", "token_loss", "loss_contribution", "kl", "reward"):
+    if head in ("advantage", "advantage_trl", "token_loss", "loss_contribution", "kl", "reward") or (
+            "/" in column and last in SIGNED_LAST):
         return "signed"
     return "level"
 
@@ -268,7 +275,10 @@ def _hover(token, columns: Sequence[str]) -> str:
 def completions(frame, column: str) -> list[dict[str, Any]]:
     """One entry per completion (global order): prompt, group, rewards, sequence values and its tokens."""
     hover = [c for c in dict.fromkeys([column, *HOVER]) if c in frame]
-    hover += [c for c in frame.columns if c.startswith(("advantage/", "weight/")) and c not in hover]
+    hover += [c for c in frame.columns if c.startswith(("advantage/", "weight/", "what_if/")) and c not in hover]
+    hover += [c for c in frame.columns if _declared_column(c) and c not in hover]
+    if any(c.startswith("what_if/") or _declared_column(c) for c in hover):  # a correction's inputs beside it
+        hover += [c for c in ("old_logp", "sampling_logp") if c in frame and c not in hover]
     entries = []
     for row, rows in frame.groupby("row", sort=True):
         first = rows.iloc[0]
@@ -289,6 +299,14 @@ def completions(frame, column: str) -> list[dict[str, Any]]:
             ],
         })
     return entries
+
+
+def _declared_column(name: str) -> bool:
+    """A loss strategy's declared per-token diagnostic (``TokenLossStrategy.columns``), e.g. rollout_correction's."""
+    from sharpgrpo.strategies import STRATEGIES
+
+    prefix, _, term = name.partition("/")
+    return prefix in STRATEGIES and term in getattr(STRATEGIES.get(prefix), "columns", {})
 
 
 def _plain(value):
@@ -365,11 +383,11 @@ def describe(meta: dict[str, Any]) -> str:
 
 
 def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str | Sequence[str],
-                   token_filter: str | None) -> str:  # fmt: skip
+                   token_filter: str | None, notes: str = "") -> str:  # fmt: skip
     """The HTML text: ``runs`` is one or two ``(label, selected frame, metadata)``; two are shown side by side,
     completion by completion (matched by prompt and completion index). ``column`` shades every run, or is one column
     per run (each run shaded by its own strategy's column: ``weight`` beside ``factor``); runs shaded by the same
-    column share one colour scale and legend."""
+    column share one colour scale and legend. ``notes``: HTML shown under the summary (the what-if's paragraph)."""
     columns = [column] * len(runs) if isinstance(column, str) else list(column)
     for (_, frame, _), name in zip(runs, columns, strict=True):
         if name not in frame:
@@ -406,6 +424,7 @@ def telemetry_page(runs: Sequence[tuple[str, Any, dict[str, Any]]], column: str 
          f"it; the legend lists every bin drawn with its values' range and number of tokens. Hover a token for its "
          f"columns.{filter_text}</p>"),
         _summary_table({label: summary(frame) for label, frame, _ in runs}),
+        notes,
     ]
     if all(len(frame) == 0 for _, frame, _ in runs):
         what = f"no token matches --filter {token_filter} ({FILTERS[token_filter]})" if token_filter else "no token"

@@ -315,6 +315,9 @@ class LossTerms:
         sequence_loss: (B,) per-sequence policy loss replacing the per-token surrogate and its aggregation: the
             micro-batch's policy loss is its mean over sequences, plus beta times each sequence's token-mean KL
             (GMPO, TRL's ``trl.experimental.gmpo``).
+        columns: per-token diagnostics that do not enter the loss, (B, T) each, by name: the per-token telemetry's
+            ``<strategy>/<name>`` columns (a rollout correction's importance weight before rejection), each
+            declared with what it holds in the strategy's ``TokenLossStrategy.columns``.
     """
 
     # The per-token fields and what each holds: the per-token telemetry's ``<strategy>/<field>`` columns.
@@ -334,6 +337,7 @@ class LossTerms:
     epsilon_high: torch.Tensor | None = None
     kl_weight: torch.Tensor | None = None
     sequence_loss: torch.Tensor | None = None
+    columns: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class TokenLossStrategy(Strategy):
@@ -351,6 +355,9 @@ class TokenLossStrategy(Strategy):
     loss_types: ClassVar[tuple[str, ...] | None] = None
     # TRL importance-sampling levels it is defined for (its terms read the token ratio p / p_old).
     importance_sampling_levels: ClassVar[tuple[str, ...]] = ("token",)
+    # The per-token diagnostics its loss_terms returns in ``LossTerms.columns``: name -> what the column holds (the
+    # telemetry file describes ``<strategy>/<name>`` with it). Returning another is refused naming the strategy.
+    columns: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def check_config(cls, args: Any) -> None:

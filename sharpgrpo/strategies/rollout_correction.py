@@ -99,6 +99,13 @@ def log_ratio(train_logps: torch.Tensor, rollout_logps: torch.Tensor) -> torch.T
     return train_logps - rollout_logps
 
 
+def rollout_log_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The strategies' input: :func:`log_ratio` of the trainer's detached old log-probabilities over the sampling
+    engine's, vLLM's NaN (a token it could not score) read as 0 and every token off ``mask`` set to 0. (B, T)."""
+    sampling = torch.nan_to_num(sampling_logps, nan=0.0)
+    return log_ratio(old_logps.detach(), sampling).masked_fill(~mask.bool(), 0.0)
+
+
 def divergence_estimators(log_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token K1, K2, K3 of ``log r`` clamped to +-SAFETY_BOUND (rollout_corr_helper.py lines 226-229):
     ``k1 = -log r``, ``k2 = (log r)^2 / 2``, ``k3 = exp(log r) - 1 - log r``."""
@@ -222,6 +229,14 @@ def rejection_mask(log_r: torch.Tensor, mask: torch.Tensor, rollout_rs: str, thr
     return keep.to(log_r.dtype)
 
 
+def mismatch_per_token(log_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token mismatch KL estimates of ``log r = log pi_train - log pi_rollout``, the terms whose masked means are
+    verl's ``kl`` and ``k3_kl`` diagnostics (verl 0.9.1 ``rollout_corr_helper.py`` ``compute_offpolicy_metrics``,
+    lines 959 and 964-966): K1 ``log pi_rollout - log pi_train = -log r`` and K3 ``exp(log r) - log r - 1`` (no
+    clamp, as there). (B, T) -> ((B, T), (B, T))."""
+    return -log_r, torch.exp(log_r) - log_r - 1
+
+
 def mismatch_diagnostics(train_logps: torch.Tensor, rollout_logps: torch.Tensor, mask: torch.Tensor
                          ) -> dict[str, torch.Tensor]:
     """verl's off-policy diagnostics (rollout_corr_helper.py lines 822-931), 0-d tensors: ``kl`` =
@@ -234,13 +249,14 @@ def mismatch_diagnostics(train_logps: torch.Tensor, rollout_logps: torch.Tensor,
     train_mean = _masked_mean(train_logps, mask, dim=-1)
     rollout_mean = _masked_mean(rollout_logps, mask, dim=-1)
     log_ppl_diff = rollout_mean - train_mean
+    k1, k3 = mismatch_per_token(log_r)
     safe = log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     sequence_sum = _masked_sum(log_r, mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     return {
         "training_ppl": torch.exp(-train_mean).mean(),
         "training_log_ppl": (-train_mean).mean(),
-        "kl": _masked_mean(-log_r, mask),
-        "k3_kl": _masked_mean(torch.exp(log_r) - log_r - 1, mask),
+        "kl": _masked_mean(k1, mask),
+        "k3_kl": _masked_mean(k3, mask),
         "rollout_ppl": torch.exp(-rollout_mean).mean(),
         "rollout_log_ppl": (-rollout_mean).mean(),
         "log_ppl_diff": log_ppl_diff.mean(),
@@ -327,8 +343,42 @@ def rejection_setting(args: Any) -> str | None:
     return None if value.lower() == "none" else value
 
 
+def correction_factors(log_r: torch.Tensor, mask: torch.Tensor, settings: Any, mode: str
+                       ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """What a correction setting does to each token, the one computation behind both strategies and the telemetry's
+    what-if view (``sharpgrpo tokens --what-if``): ``(weights, keep)``, (B, T) each, detached.
+
+    ``keep`` {0, 1}: :func:`rejection_mask` of ``settings.rollout_rs`` / ``rollout_rs_threshold`` (the loss mask
+    without rejection). ``weights``, before rejection: ``mode="decoupled"``: :func:`importance_weights` at
+    ``settings.rollout_is``'s level (None for ``none``); ``mode="bypass"``: ``pi_old / pi_rollout = exp(log r)``
+    (log r clamped to +-SAFETY_BOUND), the PPO ratio's factor. The policy term's factor is ``weights * keep``
+    (``keep`` when there are no weights). ``settings``: any object with the ``rollout_*`` fields (the config)."""
+    log_r = log_r.detach()
+    options = rejection_setting(settings)
+    keep = mask.to(log_r.dtype) if options is None else rejection_mask(log_r, mask, options,
+                                                                        settings.rollout_rs_threshold)
+    if mode == "bypass":
+        return torch.exp(log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND)), keep
+    if mode != "decoupled":
+        raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}.")
+    if settings.rollout_is == "none":
+        return None, keep
+    return importance_weights(log_r, mask, settings.rollout_is, settings.rollout_is_threshold,
+                              settings.rollout_is_handling, settings.rollout_is_batch_normalize), keep
+
+
 DIAGNOSTICS = ("kl", "k3_kl", "chi2_token", "chi2_seq", "ppl_ratio", "log_ppl_abs_diff")
 REJECTION_METRICS = ("rejected_fraction", "rejected_seq_fraction")
+# The per-token telemetry columns both strategies write (``TokenLossStrategy.columns``), besides their token_mask
+# (the factor on the policy term, weights * keep) and the file's sampling_logp (the rollout log-p).
+CORRECTION_COLUMNS = {
+    "rejected": "1 where the rejection bounds (rollout_rs, rollout_rs_threshold) dropped the token or its sequence, "
+    "0 where kept (0 everywhere with rollout_rs none)",
+    "mismatch_k1": "the token's mismatch KL term, K1: log pi_rollout - log pi_old (its mean over the loss tokens is "
+    "rollout_corr/kl; verl 0.9.1 compute_offpolicy_metrics)",
+    "mismatch_k3": "the token's mismatch KL term, K3: r - log r - 1 with r = pi_old / pi_rollout (its mean over the "
+    "loss tokens is rollout_corr/k3_kl)",
+}
 
 
 class _RolloutCorrection(TokenLossStrategy):
@@ -375,8 +425,9 @@ class _RolloutCorrection(TokenLossStrategy):
     def _diagnostics(self, context: LossContext, log_r: torch.Tensor, weights: torch.Tensor | None,
                      keep: torch.Tensor) -> dict[str, torch.Tensor]:
         mask = context.mask
+        sampling = torch.nan_to_num(context.sampling_logps, nan=0.0)  # read as the weights and columns read it
         metrics = {f"rollout_corr/{name}": value
-                   for name, value in mismatch_diagnostics(context.old_logps, context.sampling_logps, mask).items()
+                   for name, value in mismatch_diagnostics(context.old_logps, sampling, mask).items()
                    if name in DIAGNOSTICS}
         if weights is not None:
             level, threshold = self.args.rollout_is, self.args.rollout_is_threshold
@@ -388,18 +439,19 @@ class _RolloutCorrection(TokenLossStrategy):
         metrics["rollout_corr/rejected_seq_fraction"] = sequence_fraction
         return metrics
 
-    def _rejection(self, log_r: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        options = rejection_setting(self.args)
-        if options is None:
-            return mask.to(log_r.dtype)
-        return rejection_mask(log_r, mask, options, self.args.rollout_rs_threshold)
+    def _columns(self, context: LossContext, log_r: torch.Tensor, weights: torch.Tensor | None,
+                 keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The per-token telemetry columns (``columns``): weight before rejection, rejected flag, K1 and K3."""
+        mask = context.mask.to(log_r.dtype)
+        k1, k3 = mismatch_per_token(log_r)
+        return {"is_weight": mask if weights is None else weights, "rejected": mask * (1.0 - keep),
+                "mismatch_k1": k1, "mismatch_k3": k3}
 
     def _inputs(self, context: LossContext) -> torch.Tensor:
         if context.sampling_logps is None:
             raise ValueError(f"{self.registered_name()}: the batch carries no sampling log-probabilities (TRL's "
                              "sampling_per_token_logps); it needs vLLM generation.")
-        sampling = torch.nan_to_num(context.sampling_logps, nan=0.0)
-        return log_ratio(context.old_logps.detach(), sampling).masked_fill(~context.mask.bool(), 0.0)
+        return rollout_log_ratio(context.old_logps, context.sampling_logps, context.mask)
 
 
 @register_strategy("rollout_correction")
@@ -410,19 +462,20 @@ class RolloutCorrection(_RolloutCorrection):
 
     params = ("rollout_is", "rollout_is_threshold", "rollout_is_handling", "rollout_is_batch_normalize", "rollout_rs",
               "rollout_rs_threshold")
+    mode = "decoupled"
     sets = frozenset({"token_mask"})
     metrics = tuple(f"rollout_corr/{name}"
                     for name in (*DIAGNOSTICS, *REJECTION_METRICS, "is_mean", "eff_sample_size"))
+    columns = {"is_weight": "the importance weight w(pi_old / pi_rollout) at rollout_is's level after truncation or "
+               "masking (rollout_is_handling) and batch normalisation, before rejection (1 with rollout_is none)",
+               **CORRECTION_COLUMNS}
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
         log_r = self._inputs(context)
-        keep = self._rejection(log_r, context.mask)
-        weights = None
-        if self.args.rollout_is != "none":
-            weights = importance_weights(log_r, context.mask, self.args.rollout_is, self.args.rollout_is_threshold,
-                                         self.args.rollout_is_handling, self.args.rollout_is_batch_normalize)
+        weights, keep = correction_factors(log_r, context.mask, self.args, self.mode)
         factor = keep if weights is None else weights * keep
-        return LossTerms(token_mask=factor.detach()), self._diagnostics(context, log_r, weights, keep)
+        terms = LossTerms(token_mask=factor.detach(), columns=self._columns(context, log_r, weights, keep))
+        return terms, self._diagnostics(context, log_r, weights, keep)
 
 
 @register_strategy("rollout_correction_bypass")
@@ -435,17 +488,20 @@ class RolloutCorrectionBypass(_RolloutCorrection):
     for ``r = pi_theta / pi_old``: the factor ``w`` (``token_mask``) and a per-token clip range."""
 
     params = ("rollout_rs", "rollout_rs_threshold")
+    mode = "bypass"
     sets = frozenset({"token_mask", "clip_range"})
     metrics = tuple(f"rollout_corr/{name}" for name in (*DIAGNOSTICS, *REJECTION_METRICS, "bypass_ratio_mean"))
+    columns = {"is_weight": "pi_old / pi_rollout, the factor bypass mode puts on the PPO ratio, before rejection",
+               **CORRECTION_COLUMNS}
     loss_types = PPO_CLIP_LOSS_TYPES
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
         log_r = self._inputs(context)
-        keep = self._rejection(log_r, context.mask)
-        weights = torch.exp(log_r.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        weights, keep = correction_factors(log_r, context.mask, self.args, self.mode)
         terms = LossTerms(token_mask=(weights * keep).detach(),
                           epsilon_low=1.0 - (1.0 - context.epsilon_low) / weights,
-                          epsilon_high=(1.0 + context.epsilon_high) / weights - 1.0)
+                          epsilon_high=(1.0 + context.epsilon_high) / weights - 1.0,
+                          columns=self._columns(context, log_r, weights, keep))
         metrics = self._diagnostics(context, log_r, None, keep)
         metrics["rollout_corr/bypass_ratio_mean"] = _masked_mean(weights, context.mask)
         return terms, metrics

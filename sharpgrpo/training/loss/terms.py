@@ -23,8 +23,9 @@ def collect_loss_terms(strategies, context: LossContext, check_metrics=None
     """Every loss strategy's terms for one micro-batch, combined: masks and KL factors multiply, extra terms add, the
     clip range and a sequence objective come from the one strategy that sets them (the config refuses two).
     ``strategies``: (name, strategy) pairs. Returns (combined terms, metrics as 0-d device tensors, each strategy's
-    per-token terms named ``<name>/<field>``, the telemetry's columns). ``check_metrics(strategy, metrics)``, when
-    given, checks each strategy's metrics (``StrategyOutputChecker.metrics``)."""
+    per-token terms and declared diagnostics (``LossTerms.columns``) named ``<name>/<field>``, the telemetry's
+    columns). ``check_metrics(strategy, metrics)``, when given, checks each strategy's metrics
+    (``StrategyOutputChecker.metrics``)."""
     combined, metrics, columns = LossTerms(), {}, {}
     for strategy_name, strategy in strategies:
         terms, strategy_metrics = strategy.loss_terms(context)
@@ -32,6 +33,8 @@ def collect_loss_terms(strategies, context: LossContext, check_metrics=None
             check_metrics(strategy, strategy_metrics)
         metrics.update(strategy_metrics)
         columns.update({f"{strategy_name}/{name}": value for name, value in per_token_terms(terms).items()})
+        columns.update({f"{strategy_name}/{name}": value for name, value in declared_columns(strategy_name, strategy,
+                                                                                             terms).items()})
         for name in ("gradient_mask", "token_mask", "kl_weight"):
             combined = _merge(combined, name, getattr(terms, name), torch.mul)
         combined = _merge(combined, "extra_loss", terms.extra_loss, torch.add)
@@ -84,3 +87,15 @@ def per_token_terms(terms: LossTerms | None) -> dict[str, torch.Tensor]:
     if terms is None:
         return {}
     return {name: getattr(terms, name) for name in LossTerms.TERMS if torch.is_tensor(getattr(terms, name))}
+
+
+def declared_columns(strategy_name: str, strategy, terms: LossTerms) -> dict[str, torch.Tensor]:
+    """The strategy's per-token diagnostics (``LossTerms.columns``), each declared in its class's ``columns``; an
+    undeclared one (or one named like a ``LossTerms`` field) is refused naming the strategy."""
+    declared = getattr(strategy, "columns", {})
+    wrong = sorted(name for name in terms.columns if name not in declared or name in LossTerms.TERMS)
+    if wrong:
+        raise ValueError(f"Strategy {strategy_name} returned the per-token column(s) {', '.join(wrong)}, which its "
+                         f"class does not declare in `columns` or which are named like a LossTerms field (declared: "
+                         f"{', '.join(sorted(declared)) or 'none'}).")
+    return {name: value.detach() for name, value in terms.columns.items()}

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from sharpgrpo.strategies import LossTerms
+from sharpgrpo.strategies import STRATEGIES, LossTerms
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
 
 SCHEMA_VERSION = 1
@@ -81,6 +81,8 @@ PATTERN_COLUMNS = {
     "advantage/<strategy>": "the token advantage after each advantage strategy, in the configured order",
     "reward/<function>": "the completion's reward from each reward function (null where it skipped the row)",
     **{f"<loss strategy>/{term}": text for term, text in LossTerms.TERMS.items()},
+    "<loss strategy>/<column>": "a per-token diagnostic the loss strategy declares in its `columns` (described "
+    "there: a rollout correction's is_weight, rejected, mismatch_k1, mismatch_k3)",
 }
 # Columns every telemetry file has (the reader refuses a file without them).
 REQUIRED = ("step", "row", "prompt_index", "completion_index", "group_id", "position", "token_id", "token", "mask",
@@ -166,6 +168,7 @@ class TelemetryRecorder:
         self.chunks: list[dict[str, np.ndarray]] = []
         self._pieces: dict[int, str] = {}
         self._micro_batch, self._step = 0, None
+        self.sampling_logps = False  # whether the sampling engine reported log-probabilities (file metadata)
 
     # --- generation ----------------------------------------------------------------------------------------------
     def remember_prompts(self, inputs: Sequence[dict[str, Any]], process_index: int) -> None:
@@ -201,6 +204,7 @@ class TelemetryRecorder:
                                tensors.epsilon_high)
         shares = result.loss_shares() / self.accelerator.num_processes  # the logged loss: the processes' mean
         token_loss = tensors.token_loss
+        self.sampling_logps = tensors.sampling_logp is not None
         rows = inputs["telemetry_row"].cpu().numpy()
         chunk = {
             "step": np.full(len(b_index), step, dtype=np.int64),
@@ -296,7 +300,8 @@ class TelemetryRecorder:
 
         order = [c for c in COLUMNS if c in columns] + sorted(c for c in columns if c not in COLUMNS)
         table = pa.table({name: columns[name] for name in order})
-        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(file_metadata(self.args, step, order))})
+        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(
+            file_metadata(self.args, step, order, sampling_logps=self.sampling_logps), default=str)})
         path = self.folder / f"telemetry_{step:06d}.parquet"
         partial = path.with_suffix(".parquet.partial")
         try:
@@ -313,8 +318,10 @@ class TelemetryRecorder:
         return path
 
 
-def file_metadata(args, step: int, columns: Sequence[str]) -> dict[str, Any]:
-    """What the file's schema metadata says (key ``METADATA_KEY``): version, step, the run's settings, columns."""
+def file_metadata(args, step: int, columns: Sequence[str], sampling_logps: bool = False) -> dict[str, Any]:
+    """What the file's schema metadata says (key ``METADATA_KEY``): version, step, the run's settings, each selected
+    strategy's parameters (``strategy_params``: its ``params`` and their values), whether ``sampling_logp`` holds the
+    sampling engine's log-probabilities (``sampling_logps``; else it repeats old_logp), columns."""
     return {
         "version": SCHEMA_VERSION,
         "step": step,
@@ -329,6 +336,9 @@ def file_metadata(args, step: int, columns: Sequence[str]) -> dict[str, Any]:
         "num_generations": args.num_generations,
         "seed": args.seed,
         "output_dir": Path(args.output_dir).name,
+        "sampling_logps": bool(sampling_logps),
+        "strategy_params": {name: {param: getattr(args, param, None) for param in STRATEGIES.get(name).params}
+                            for name in args.strategies if name in STRATEGIES},
         "columns": {name: COLUMNS.get(name) or _pattern_help(name) for name in columns},
     }
 
@@ -338,6 +348,9 @@ def _pattern_help(name: str) -> str:
     found = next((text for pattern, text in PATTERN_COLUMNS.items() if pattern.startswith(prefix + "/")), None)
     if found is None and term in LossTerms.TERMS:  # a loss strategy's term, named after the strategy
         return f"{prefix} (loss strategy): {LossTerms.TERMS[term]}"
+    declared = getattr(STRATEGIES.get(prefix), "columns", {}) if found is None and prefix in STRATEGIES else {}
+    if term in declared:  # a loss strategy's declared per-token diagnostic
+        return f"{prefix} (loss strategy): {declared[term]}"
     return found or ""
 
 
