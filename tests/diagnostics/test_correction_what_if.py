@@ -334,3 +334,23 @@ def test_a_run_without_sampling_logps_is_refused_in_one_line(tiny_model_path, tm
     with pytest.raises(ConfigError, match="--what-if: only with --telemetry"):
         main(["--prompts", str(tmp_path / "p.jsonl"), "--model", "sharpgrpo-tiny", "--what-if", "rollout_rs=none",
               "--output", str(tmp_path / "out2")])
+
+
+def test_the_correction_columns_are_shaded_by_what_they_mean():
+    """Weights around 1, the signed K1 and what-if change around 0, the K3 and the flags as levels; the legend of a
+    change column lists each value drawn with its count (the page-level legend check on real vLLM telemetry:
+    tests/with_vllm/test_correction_telemetry.py)."""
+    from sharpgrpo.diagnostics.telemetry import column_kind, shading
+
+    kinds = {name: column_kind(name) for name in (
+        "rollout_correction/is_weight", "rollout_correction_bypass/is_weight", "what_if/is_weight",
+        "what_if/token_mask", "rollout_correction/token_mask", "rollout_correction/mismatch_k1", "what_if/change",
+        "rollout_correction/mismatch_k3", "rollout_correction/rejected", "weight", "advantage/thr", "entropy")}
+    assert kinds == {
+        "rollout_correction/is_weight": "around_one", "rollout_correction_bypass/is_weight": "around_one",
+        "what_if/is_weight": "around_one", "what_if/token_mask": "around_one",
+        "rollout_correction/token_mask": "around_one", "rollout_correction/mismatch_k1": "signed",
+        "what_if/change": "signed", "rollout_correction/mismatch_k3": "level", "rollout_correction/rejected": "level",
+        "weight": "around_one", "advantage/thr": "signed", "entropy": "level"}
+    legend = [label for label, _, _ in shading([1, -1, 0, 1, 0, 1], "what_if/change").entries()]
+    assert legend == ["what_if/change -1: 1", "what_if/change 0 (unchanged): 2", "what_if/change 1: 3"]
