@@ -146,6 +146,13 @@ class StrategyParams:
         "`algorithm.gamma`, default 1: every loss token's return is the outcome reward). docs/methods.md §15.2.",
         between(0, 1),
     )
+    dense_returns_unit: str = param(
+        "turn",
+        "`dense_returns`: the unit its leave-one-out baseline is aligned on: `turn` (the completion's model turns; a "
+        "single-turn completion is one) or `token` (the position among the completion's sampled tokens). Either keeps "
+        "the policy gradient unbiased (verl-project/verl#7244). docs/methods.md §15.6.",
+        one_of("turn", "token"),
+    )
     # Loss-side strategies (docs/methods.md §10). Defaults: verl's actor config (verl-project/verl
     # verl/trainer/config/actor/actor.yaml) and the methods' released scripts; each help says which.
     clip_cov_ratio: float = param(

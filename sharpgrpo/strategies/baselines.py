@@ -119,7 +119,7 @@ def group_centred(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tenso
     return centred
 
 
-class _BaselineStrategy(AdvantageStrategy):
+class RewardBaseline(AdvantageStrategy):
     """An advantage estimator computed from the rewards: it replaces TRL's advantage, so it must be the first
     advantage strategy of the list."""
 
@@ -143,7 +143,7 @@ class _BaselineStrategy(AdvantageStrategy):
 
 
 @register_strategy("rloo")
-class RLOOStrategy(_BaselineStrategy):
+class RLOOStrategy(RewardBaseline):
     """RLOO's leave-one-out advantage (docs/methods.md §15.1), broadcast over tokens (padding included; the loss masks
     it). Metric: ``rloo/frac_zero_advantage`` (completions whose advantage is exactly 0: groups with equal rewards)."""
 
@@ -169,7 +169,7 @@ _REINFORCE_PP_PAPER = StrategyPaper(
 
 
 @register_strategy("reinforce_pp")
-class ReinforcePPStrategy(_BaselineStrategy):
+class ReinforcePPStrategy(RewardBaseline):
     """REINFORCE++ (docs/methods.md §15.2): discounted returns of the outcome reward (``reinforce_pp_gamma``, default
     1 as verl's ``algorithm.gamma``: every loss token's return is then the reward) whitened over the batch's loss
     tokens; 0 on padding. Metrics: ``reinforce_pp/return_mean`` and ``reinforce_pp/return_std`` (the whitening
@@ -188,7 +188,7 @@ class ReinforcePPStrategy(_BaselineStrategy):
 
 
 @register_strategy("reinforce_pp_baseline")
-class ReinforcePPBaselineStrategy(_BaselineStrategy):
+class ReinforcePPBaselineStrategy(RewardBaseline):
     """REINFORCE++-baseline (docs/methods.md §15.2): reward minus the group's mean, whitened over the batch's loss
     tokens; 0 on padding. Metrics: ``reinforce_pp_baseline/return_mean`` and ``reinforce_pp_baseline/return_std``."""
 
