@@ -208,7 +208,8 @@ def checked_reward_functions(reward_funcs: Any, args: Any = None) -> Any:
     """``reward_funcs`` as ``GRPOTrainer`` takes them, each callable wrapped so that its output is checked by
     :func:`check_reward_output` on every batch (same name, attributes and sync/async kind; reward models and Hub
     ids are left as they are). With ``args``, a reward with settings of its own (``overlong_penalty``) is first bound
-    to the config (``reward_fns.configured_rewards``)."""
+    to the config (``reward_fns.configured_rewards``), and each function's rewards times its own ``reward_weights``
+    entry are held to +-``REWARD_LIMIT``."""
     import functools
 
     from trl.trainer.utils import get_callable_name, is_async_callable
