@@ -118,7 +118,7 @@ class DenseReturnsStrategy(RewardBaseline):
                               "which dynamic_sampling's refill rounds replace; set dynamic_sampling to false.")
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        token_rewards = batch.extras["token_rewards"].double()
+        token_rewards = batch.extras["token_rewards"].double() * batch.completion_mask  # placed on loss tokens only
         units = torch.where(batch.completion_mask.bool(), batch.extras["reward_units"].long(), -1)  # padding: -1
         advantages = dense_return_advantages(token_rewards, units, batch.group_ids)
         total = token_rewards.sum(1)

@@ -168,12 +168,13 @@ def test_a_functions_lists_become_their_sums_for_trl_and_are_placed_on_tokens():
     per_turn = DenseRewardCollector("turn_fn", enabled=True)
     plain = DenseRewardCollector("plain_fn", enabled=True)
     completion_ids = [[5, 6, 7, 8, 9], [5, 6, 7]]
-    assert per_token.convert([{"per_token": [0, 1, 0, 2, 0]}, None], completion_ids) == [3.0, None]
+    assert per_token.convert([{"per_token": [0, 1, 0.25, 2, 0]}, None], completion_ids) == [3.25, None]
     assert per_turn.convert([{"per_turn": [0.5, 1.5]}, {"per_turn": [1]}], completion_ids) == [2.0, 1.0]
     assert plain.convert([1.0, 0.0], completion_ids) == [1.0, 0.0]
     mask = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 0, 0]])  # row 0: two turns around a tool token
     placed = place_rewards([(per_token, 2.0), (per_turn, 1.0), (plain, 0.5)], mask)
-    assert placed.tolist() == [[0.0, 2.0 + 0.5, 0.0, 4.0, 1.5 + 0.5],
+    # the tool token's 0.25 goes to the sampled token before it (position 1), as the action it follows
+    assert placed.tolist() == [[0.0, 2.0 * (1 + 0.25) + 0.5, 0.0, 4.0, 1.5 + 0.5],
                                [0.0, 0.0, 1.0, 0.0, 0.0]]
 
 

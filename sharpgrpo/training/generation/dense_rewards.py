@@ -7,8 +7,8 @@ A reward function returns, per completion, a number (or None) as TRL expects, or
 retrieval outputs; a single-turn completion has one). Each function is wrapped once (:class:`DenseRewardCollector`,
 inside ``checked_reward_functions``): a dict becomes its sum, which TRL weights, sums and logs as usual, and the list
 is kept for this batch. The generation inputs ``token_rewards`` and ``reward_units`` then place, for every local
-completion, the weighted rewards of every function on tokens (a per-token reward on its token, a per-turn reward on
-the turn's last sampled token, a plain reward on the completion's last sampled token; None counts 0, as TRL's nansum)
+completion, the weighted rewards of every function on tokens (a per-token reward on its token, or, on a tool or
+retrieval token, on the last sampled token before it; a per-turn reward on the turn's last sampled token, a plain reward on the completion's last sampled token; None counts 0, as TRL's nansum)
 and number each loss token's unit (its turn, or with ``dense_returns_unit: token`` its position among the sampled
 tokens; -1 off the loss mask). A dict where no configured strategy reads them is refused naming the function.
 """
@@ -107,6 +107,12 @@ def token_index(loss_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask == 1, mask.cumsum(1) - 1, torch.full_like(mask, -1))
 
 
+def last_loss_token_at_or_before(loss_mask: torch.Tensor) -> torch.Tensor:
+    """For each position of a row, the last loss token at or before it (-1 where none). (T,) -> (T,) long."""
+    positions = torch.arange(loss_mask.size(0))
+    return torch.where(loss_mask.bool(), positions, -1).cummax(0).values
+
+
 def place_rewards(collectors: list[tuple[DenseRewardCollector | None, float]], loss_mask: torch.Tensor,
                   dtype=torch.float64) -> torch.Tensor:
     """The weighted rewards of every function placed on tokens (module docstring). loss_mask (B, T) -> (B, T)."""
@@ -125,7 +131,9 @@ def place_rewards(collectors: list[tuple[DenseRewardCollector | None, float]], l
                 continue
             if collector.kind == "per_token" and isinstance(value, list):
                 width = min(len(value), placed.size(1))
-                placed[row, :width] += weight * torch.tensor(value[:width], dtype=dtype)
+                owner = last_loss_token_at_or_before(loss_mask[row, :width])  # a tool token's reward: its turn's end
+                keep = owner >= 0
+                placed[row].index_add_(0, owner[keep], weight * torch.tensor(value[:width], dtype=dtype)[keep])
             elif collector.kind == "per_turn" and isinstance(value, list):
                 count = int(last[row]) + 1
                 if len(value) != count:
