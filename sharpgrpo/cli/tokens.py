@@ -2,7 +2,7 @@
 
     sharpgrpo tokens --telemetry RUN_DIR --output DIR [--step N --group G --shade COLUMN --filter clipped]
     sharpgrpo tokens --telemetry RUN_A --compare RUN_B --step 1 --output DIR
-    sharpgrpo tokens --telemetry VLLM_RUN --what-if rollout_rs=token_k3 --what-if rollout_rs_threshold=0.01 --output DIR
+    sharpgrpo tokens --telemetry RUN_DIR --what-if rollout_rs=token_k3 --what-if rollout_rs_threshold=0.01 --output DIR
     sharpgrpo tokens --model RUN_DIR --completions RUN_DIR/completions --output DIR
     sharpgrpo tokens --model sharpgrpo-tiny --prompts prompts.jsonl --output DIR
 

@@ -178,7 +178,8 @@ def what_if(frame, meta: dict[str, Any], changes: Sequence[tuple[str, Any]]) -> 
     summary = {
         "setting": setting, "strategy": strategy, "mode": mode,
         "run": (", ".join(f"{k}={v}" for k, v in recorded.items()) if run is not None else "no correction"),
-        "loss_tokens": int(loss.sum()), "dropped_run": int(dropped_run.sum()), "dropped_what_if": int(dropped_new.sum()),
+        "loss_tokens": int(loss.sum()), "dropped_run": int(dropped_run.sum()),
+        "dropped_what_if": int(dropped_new.sum()),
         "only_what_if": int((change > 0).sum()), "only_run": int((change < 0).sum()),
         "both": int((dropped_run & dropped_new).sum()),
         "mean_weight_run": float(columns["run_token_mask"][loss].mean()) if loss.any() else float("nan"),
