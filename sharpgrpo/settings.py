@@ -24,13 +24,24 @@ _imported: set[str] = set()
 # Training hooks of settings: (arguments dataclass parsed by train.py, rollout context). The context is called with
 # the parsed arguments and the run's output_dir; it yields a TRL ``rollout_func``, or None when the setting is off.
 _TRAINING: list[tuple[type, Callable[..., Any]]] = []
+_ROLLOUT_REWARD_FIELDS: set[str] = set()  # per-completion fields a setting's rollout passes to reward functions
 
 
-def register_training_setting(arguments: type, rollout_context: Callable[..., Any]) -> None:
+def register_training_setting(arguments: type, rollout_context: Callable[..., Any],
+                              reward_fields: tuple[str, ...] = ()) -> None:
     """Add a setting's options to ``train.py`` (a dataclass whose fields become YAML keys and flags) and the context
-    manager that turns them into the run's ``rollout_func`` (and keeps e.g. a retrieval server up while it runs)."""
+    manager that turns them into the run's ``rollout_func`` (and keeps e.g. a retrieval server up while it runs).
+    ``reward_fields``: the per-completion fields its rollout returns beside the completions, which TRL passes to the
+    reward functions (e.g. the search episode's ``search_turns``); the dataset check does not look for them."""
     if all(arguments is not registered for registered, _ in _TRAINING):
         _TRAINING.append((arguments, rollout_context))
+    _ROLLOUT_REWARD_FIELDS.update(reward_fields)
+
+
+def rollout_reward_fields() -> frozenset[str]:
+    """Every field a registered setting's rollout passes to reward functions (:func:`register_training_setting`)."""
+    load_settings()
+    return frozenset(_ROLLOUT_REWARD_FIELDS)
 
 
 def training_setting_arguments() -> tuple[type, ...]:

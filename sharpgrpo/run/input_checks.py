@@ -66,10 +66,13 @@ TRL_REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_sta
 
 def reward_input_columns(fn) -> tuple[str, ...]:
     """The dataset columns ``fn`` reads: those it declared (``register_reward(columns=...)``), else the parameters
-    of its signature without a default that TRL does not supply itself (:data:`TRL_REWARD_ARGUMENTS`)."""
+    of its signature without a default that TRL does not supply itself (:data:`TRL_REWARD_ARGUMENTS`) and no setting's
+    rollout passes (``sharpgrpo.settings.rollout_reward_fields``: e.g. the search episode's ``search_turns``)."""
     import inspect
 
     from reward_fns import reward_columns
+
+    from sharpgrpo.settings import rollout_reward_fields
 
     declared = reward_columns(fn)
     if declared is not None:
@@ -79,8 +82,9 @@ def reward_input_columns(fn) -> tuple[str, ...]:
     except (TypeError, ValueError):
         return ()
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    supplied = {*TRL_REWARD_ARGUMENTS, *rollout_reward_fields()}
     return tuple(p.name for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty
-                 and p.name not in TRL_REWARD_ARGUMENTS)  # fmt: skip
+                 and p.name not in supplied)  # fmt: skip
 
 
 def input_paths(task, training_args, model_args, config_path: str | None = None) -> dict[str, Any]:

@@ -31,4 +31,4 @@ def search_training(search_args: SearchArguments, output_dir: str):
 
 
 register_dataset("search_qa")(search_qa_dataset)
-register_training_setting(SearchArguments, search_training)
+register_training_setting(SearchArguments, search_training, reward_fields=("search_turns", "search_calls"))

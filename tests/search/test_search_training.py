@@ -139,3 +139,27 @@ def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
         assert "is saved in" in str(info.value) and (Path(args.output_dir) / "checkpoint-1" / COMPLETE_MARKER).is_file()
     finally:
         server.stop()
+
+
+def per_turn_search_reward(prompts, completions, search_turns, golden_answers, **kwargs):
+    """A per-turn reward of a search episode: -0.1 for every turn that searched, then the exact match on the last
+    turn (docs/methods.md §15.6); ``search_turns`` is the rollout's count of model turns, passed by TRL."""
+    from reward_fns import get_reward_function
+
+    outcome = get_reward_function("qa_em")(prompts, completions, golden_answers=golden_answers)
+    return [{"per_turn": [-0.1] * (turns - 1) + [float(score)]} for turns, score in zip(search_turns, outcome)]
+
+
+def test_per_turn_rewards_train_with_dense_returns_on_multi_turn_episodes(tmp_path, search_model):
+    """The rollout's turns (runs of sampled tokens between retrieved passages) are the units the per-turn rewards are
+    placed on: the reward's list length must match them, or the run stops naming the function."""
+    from sharpgrpo.cli import train
+
+    task, args, model_args, search = make_args(tmp_path, search_model, strategies=["dense_returns"])
+    task.reward_funcs = ["test_search_training.per_turn_search_reward"]  # this file, on pytest's path
+    trainer = train.main(task, args, model_args, search)
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2
+    assert all(entry["dense_returns/units_mean"] >= 1 for entry in logs)
+    assert any(entry["dense_returns/units_mean"] > 1 for entry in logs)  # multi-turn episodes were placed by turn
+    assert any(entry["dense_returns/dense_fraction"] > 0 for entry in logs)
