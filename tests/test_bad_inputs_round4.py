@@ -32,7 +32,7 @@ def _train(tmp: Path, *args: str) -> list[str]:
 def user_files(tmp_path):
     """A folder of the user's own, which a refused command must leave as it was."""
     (tmp_path / "notes.txt").write_text("my notes\n")
-    (tmp_path / "rewards_of_mine.py").write_text(
+    (tmp_path / "huge_rewards_round4.py").write_text(
         "def huge(prompts, completions, **kwargs):\n    return [1e308] * len(completions)\n")
     return tmp_path
 
@@ -140,8 +140,8 @@ def test_a_reward_of_1e308_stops_training_at_step_1_naming_the_function(user_fil
 
     monkeypatch.syspath_prepend(str(user_files))
     mine = {k: v for k, v in disk_listing(user_files).items() if not k.startswith("__pycache__")}
-    line = run_command(_train(user_files, "--reward_funcs", "rewards_of_mine.huge", "--save_strategy", "no"), capsys,
-                       monkeypatch)
+    argv = _train(user_files, "--reward_funcs", "huge_rewards_round4.huge", "--save_strategy", "no")
+    line = run_command(argv, capsys, monkeypatch)
     assert line.startswith("error: training stopped at step 1 by RewardOutputError: Reward function 'huge' returned "
                            "1e+308 for completion 0 of"), line
     assert "within +-1e+09" in line, line

@@ -234,10 +234,10 @@ def _telemetry_main(args) -> dict[str, Any]:
         if meta.get("run_folder") is None:
             import sys
 
-            print(f"[sharpgrpo] {files[step]} is not inside a run folder (RUN/telemetry/ with RUN/training_args.json): "
-                  "its schema and step are checked, which run it belongs to is not (its metadata says "
-                  f"output_dir={meta.get('output_dir')}, strategies={meta.get('strategies')}, seed={meta.get('seed')})",
-                  file=sys.stderr)
+            print(f"[sharpgrpo] {files[step]} is not inside a run folder (RUN/telemetry/ with "
+                  "RUN/training_args.json): its schema and step are checked, which run it belongs to is not (its "
+                  f"metadata says output_dir={meta.get('output_dir')}, strategies={meta.get('strategies')}, "
+                  f"seed={meta.get('seed')})", file=sys.stderr)
         return step, frame, meta, files[step]
 
     groups = [int(g) for text in args.group for g in str(text).split(",") if g != ""]

@@ -102,8 +102,8 @@ def read_telemetry(path: str | Path):
 
 # What a telemetry file's metadata says about the run that wrote it, all made from the run's arguments
 # (recorder.file_metadata): a file whose values differ from its run folder's is another run's.
-RUN_KEYS = ("output_dir", "strategies", "strategy_params", "loss_type", "weight_placement", "importance_sampling_level",
-            "epsilon_low", "epsilon_high", "beta", "temperature", "num_generations", "seed")
+RUN_KEYS = ("output_dir", "strategies", "strategy_params", "loss_type", "weight_placement",
+            "importance_sampling_level", "epsilon_low", "epsilon_high", "beta", "temperature", "num_generations", "seed")
 
 
 def run_folder_of(path: str | Path) -> Path | None:
@@ -122,8 +122,9 @@ def check_run_of(path: str | Path, meta: dict[str, Any]) -> Path | None:
     file copied from another run is otherwise shown as this run's): its step must be the one its name says, within
     the run's ``max_steps``, and the settings its metadata records (``recorder.file_metadata``; :data:`RUN_KEYS`:
     the run folder's name, strategies and their parameters, loss, clip range, beta, temperature, group size, seed)
-    must be the run's own, as ``file_metadata`` makes them from the run's ``training_args.json``. Returns the run folder, or None for a file outside a run folder (then only the
-    file's own schema and step are checked; which run it belongs to is not)."""
+    must be the run's own, as ``file_metadata`` makes them from the run's ``training_args.json``. Returns the run
+    folder, or None for a file outside a run folder (then only the file's own schema and step are checked; which run
+    it belongs to is not)."""
     from sharpgrpo.run.lifecycle import TRAINING_ARGS_JSON
 
     path = Path(path)
@@ -145,7 +146,8 @@ def check_run_of(path: str | Path, meta: dict[str, Any]) -> Path | None:
         differ.append("step")
         expected["step"] = f"<= max_steps={max_steps}"
     if differ:
-        shown = "; ".join(f"{key}={_json(meta[key])} in the file, {_json(expected[key])} in the run" for key in differ[:3])
+        shown = "; ".join(f"{key}={_json(meta[key])} in the file, {_json(expected[key])} in the run"
+                          for key in differ[:3])
         raise TelemetryFileError(
             f"telemetry file {path} is not the run's in {run} (another run's file, copied?): {shown} (the run's "
             f"{TRAINING_ARGS_JSON}); read it from its own run folder"

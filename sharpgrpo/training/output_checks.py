@@ -183,7 +183,8 @@ def check_reward_output(name: str, output: Any, expected: int, one_of_several: b
                 "a finite number, or None for a completion the function does not score."
             )
         if abs(float(value) * weight) > REWARD_LIMIT:  # float(): finite, so an int converts
-            weighted = "" if weight == 1 else f" (times its reward_weights entry {weight:g}: {float(value) * weight:g})"
+            weighted = "" if weight == 1 else (f" (times its reward_weights entry {weight:g}: "
+                                               f"{float(value) * weight:g})")
             raise RewardOutputError(
                 f"Reward function {name!r} returned {value!r} for completion {index} of {expected}{weighted}; a "
                 f"reward times its weight must be within +-{REWARD_LIMIT:g}: TRL sums and normalises rewards in "
