@@ -320,8 +320,14 @@ class StrategyParams:
         None,
         "`opd`, `iw_opd`: the teacher whose per-token log-probability of the sampled token enters the advantage: "
         "`ref` (TRL's reference model, beta > 0; in a LoRA run the frozen base), `base` (a LoRA run's frozen base, "
-        "the adapter disabled) or a model's path or Hub name sharing the policy's tokenizer. docs/methods.md §16.",
+        "the adapter disabled), `ema` (an exponential moving average of the policy's weights, `teacher_ema_decay`) or "
+        "a model's path or Hub name sharing the policy's tokenizer. docs/methods.md §16.",
         name(allow_none=True),
+    )
+    teacher_ema_decay: float = param(
+        0.95, "`teacher_model: ema`: after every optimizer step theta_T <- decay theta_T + (1 - decay) theta "
+        "(TRL 1.16 SDPOConfig.teacher_update_rate = 1 - decay = 0.05, synced every step; docs/methods.md §16).",
+        between(0, 1),
     )
     opd_coef: float = param(
         1.0, "`opd`: A' = A + coef * d, d = log pi_teacher - log pi_old at the sampled token (slime --opd-kl-coef, "

@@ -145,9 +145,19 @@ class Strategy:
     # The metrics it may log, by their logged names ("thr/tau"): what its ``token_advantages`` or ``loss_terms``
     # returns, and a folded strategy's ``loss_factor_metric``. Logging another is refused naming the strategy.
     metrics: ClassVar[tuple[str, ...]] = ()
+    # The per-token diagnostics it may hand the telemetry, name -> what the column holds: a loss strategy's
+    # ``LossTerms.columns``, an advantage strategy's ``token_columns()``. The telemetry file writes them as
+    # ``<strategy>/<name>`` and describes them with this text; an undeclared one is refused naming the strategy
+    # (``declared_columns``).
+    columns: ClassVar[dict[str, str]] = {}
 
     def __init__(self, args: Any):
         self.args = args
+
+    @classmethod
+    def registered_name(cls) -> str:
+        """The name the strategy is registered under (its class name when it is not registered)."""
+        return next((name for name in STRATEGIES.names() if STRATEGIES.get(name) is cls), cls.__name__)
 
     @classmethod
     def check_params(cls, args: Any) -> None:
@@ -264,6 +274,31 @@ class AdvantageStrategy(Strategy):
         out for inspection by ``dump_token_scores``; None for strategies without such scores."""
         return None
 
+    def token_columns(self) -> dict[str, torch.Tensor]:
+        """The per-token diagnostics of the last ``token_advantages`` call, (B, T) each (the batch's rows), by name:
+        every column the class declares in ``columns`` and no other (the per-token telemetry's
+        ``<strategy>/<name>``, e.g. a teacher's log-probability); {} for strategies that declare none."""
+        return {}
+
+
+def declared_columns(strategy_name: str, strategy: Strategy, columns: dict[str, torch.Tensor],
+                     reserved: tuple[str, ...] = (), complete: bool = False) -> dict[str, torch.Tensor]:
+    """``columns`` detached, after checking them against the class's ``columns``: an undeclared one (or one named
+    like a ``reserved`` name) is refused naming the strategy, and with ``complete`` a declared one that is missing
+    too. The one check of every kind's per-token diagnostics."""
+    declared = getattr(strategy, "columns", {})
+    wrong = sorted(name for name in columns if name not in declared or name in reserved)
+    missing = sorted(name for name in declared if name not in columns) if complete else []
+    if wrong:
+        named_like = " or which are named like a LossTerms field" if reserved else ""
+        said = f"returned the per-token column(s) {', '.join(wrong)}, which its class does not declare in `columns`"
+        raise ValueError(f"Strategy {strategy_name} {said}{named_like} (declared: "
+                         f"{', '.join(sorted(declared)) or 'none'}).")
+    if missing:
+        raise ValueError(f"Strategy {strategy_name} did not return its declared per-token column(s) "
+                         f"{', '.join(missing)} (declared: {', '.join(sorted(declared))}).")
+    return {name: value.detach() for name, value in columns.items()}
+
 
 @dataclass(frozen=True)
 class LossContext:
@@ -355,9 +390,7 @@ class TokenLossStrategy(Strategy):
     loss_types: ClassVar[tuple[str, ...] | None] = None
     # TRL importance-sampling levels it is defined for (its terms read the token ratio p / p_old).
     importance_sampling_levels: ClassVar[tuple[str, ...]] = ("token",)
-    # The per-token diagnostics its loss_terms returns in ``LossTerms.columns``: name -> what the column holds (the
-    # telemetry file describes ``<strategy>/<name>`` with it). Returning another is refused naming the strategy.
-    columns: ClassVar[dict[str, str]] = {}
+    # ``columns`` (Strategy): the per-token diagnostics its loss_terms returns in ``LossTerms.columns``.
 
     @classmethod
     def check_config(cls, args: Any) -> None:
@@ -375,11 +408,6 @@ class TokenLossStrategy(Strategy):
                 f"strategies: {name} is not defined with importance_sampling_level={args.importance_sampling_level} "
                 f"(it reads the token ratio p / p_old; supported: {', '.join(cls.importance_sampling_levels)})."
             )
-
-    @classmethod
-    def registered_name(cls) -> str:
-        """The name the strategy is registered under (its class name when it is not registered)."""
-        return next((name for name in STRATEGIES.names() if STRATEGIES.get(name) is cls), cls.__name__)
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
         """One micro-batch -> (the terms it changes, metrics as 0-d device tensors: averaged over processes and

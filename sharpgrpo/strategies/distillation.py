@@ -104,21 +104,21 @@ class _TeacherStrategy(AdvantageStrategy):
 
         if not args.teacher_model:
             raise ConfigError(f"strategies: {cls.registered_name()} needs teacher_model (`ref`, `base` in a LoRA run, "
-                              "or the teacher's path or Hub name).")
-
-    @classmethod
-    def registered_name(cls) -> str:
-        from sharpgrpo.strategies.base import STRATEGIES
-
-        return next((n for n in STRATEGIES.names() if STRATEGIES.get(n) is cls), cls.__name__)
+                              "`ema`, or the teacher's path or Hub name).")
 
     def __init__(self, args: Any):
         super().__init__(args)
         self._scores: torch.Tensor | None = None
+        self._columns: dict[str, torch.Tensor] = {}
 
     def token_scores(self) -> torch.Tensor | None:
         """The distillation term d of the last batch (B, T), for ``dump_token_scores``."""
         return self._scores
+
+    def token_columns(self) -> dict[str, torch.Tensor]:
+        """The last batch's teacher log-probabilities and distillation terms (``columns``; the telemetry's
+        ``<strategy>/teacher_logp`` and ``<strategy>/term``)."""
+        return self._columns
 
     def _teacher_metrics(self, prefix: str, teacher: torch.Tensor, gap: torch.Tensor, mask: torch.Tensor
                          ) -> dict[str, float]:
@@ -126,12 +126,38 @@ class _TeacherStrategy(AdvantageStrategy):
                 f"{prefix}/gap_mean": _masked_mean(gap, mask), f"{prefix}/gap_abs_mean": _masked_mean(gap.abs(), mask)}
 
 
+class _NamedTeacherStrategy(_TeacherStrategy):
+    """``opd``, ``iw_opd``: the teacher ``teacher_model`` names. With ``teacher_model: ema`` the first of them in the
+    run carries the EMA teacher's weights in its checkpoint state (handed over by the ``teacher_logps`` provider,
+    ``sharpgrpo.training.generation.teacher.ema_teacher``), so a resumed run continues with the same teacher."""
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self._teacher_state = None
+
+    def keep_teacher_state(self, teacher) -> None:
+        """Carry ``teacher``'s ``state_dict()`` (tensors by name) in this strategy's checkpoint state."""
+        self._teacher_state = teacher
+
+    def state_dict(self) -> dict:
+        return {} if self._teacher_state is None else self._teacher_state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._teacher_state is not None:
+            self._teacher_state.load_state_dict(state)
+        elif state:
+            raise ValueError(f"The checkpoint holds an EMA teacher's weights for {self.registered_name()}, but "
+                             f"teacher_model is {self.args.teacher_model!r}: resume with teacher_model: ema.")
+
+
 @register_strategy("opd")
-class OnPolicyDistillationStrategy(_TeacherStrategy):
+class OnPolicyDistillationStrategy(_NamedTeacherStrategy):
     """``opd``: A' = A + ``opd_coef`` * clip(log pi_teacher - log pi_old, +-``opd_clip``) (module docstring)."""
 
-    params = ("teacher_model", "opd_coef", "opd_clip")
+    params = ("teacher_model", "teacher_ema_decay", "opd_coef", "opd_clip")
     metrics = ("opd/teacher_logp_mean", "opd/gap_mean", "opd/gap_abs_mean", "opd/frac_clipped")
+    columns = {"teacher_logp": "the teacher's log-probability of the sampled token at the sampling temperature",
+               "term": "what opd adds to the token's advantage: opd_coef * clip(teacher_logp - old_logp, +-opd_clip)"}
     paper = StrategyPaper(
         "On-Policy Distillation",
         "Lu and Thinking Machines Lab 2025, On-Policy Distillation (thinkingmachines.ai/blog/on-policy-distillation); "
@@ -147,17 +173,22 @@ class OnPolicyDistillationStrategy(_TeacherStrategy):
         metrics = self._teacher_metrics("opd", teacher, gap, mask)
         raw = (teacher - batch.old_logps.float()).abs()
         metrics["opd/frac_clipped"] = 0.0 if clip is None else _masked_mean((raw > clip).float(), mask)
+        self._columns = {"teacher_logp": teacher, "term": self.args.opd_coef * gap}
         return opd_advantages(batch.advantages, gap.to(batch.advantages.dtype), self.args.opd_coef), metrics
 
 
 @register_strategy("iw_opd")
-class ImportanceWeightedOPDStrategy(_TeacherStrategy):
+class ImportanceWeightedOPDStrategy(_NamedTeacherStrategy):
     """``iw_opd``: A' = (1 - ``iw_opd_weight``) A + ``iw_opd_weight`` * w * d, w the prefix-discrepancy weight
     (``iw_opd_gamma``, ``iw_opd_epsilon``; TRL 1.16 ``trl.experimental.iw_opd``)."""
 
-    params = ("teacher_model", "iw_opd_gamma", "iw_opd_epsilon", "iw_opd_weight")
+    params = ("teacher_model", "teacher_ema_decay", "iw_opd_gamma", "iw_opd_epsilon", "iw_opd_weight")
     metrics = ("iw_opd/teacher_logp_mean", "iw_opd/gap_mean", "iw_opd/gap_abs_mean", "iw_opd/mean_weight",
                "iw_opd/min_weight", "iw_opd/max_weight", "iw_opd/mean_advantage")
+    columns = {"teacher_logp": "the teacher's log-probability of the sampled token at the sampling temperature",
+               "weight": "IW-OPD's prefix-discrepancy weight w of the token",
+               "term": "the distillation part of the token's advantage: iw_opd_weight * w * (teacher_logp - "
+               "old_logp)"}
     paper = StrategyPaper(
         "Importance-Weighted On-Policy Distillation",
         "TRL 1.16 trl.experimental.iw_opd (IWOPDTrainer, distillation_objective='iw_opd')",
@@ -169,6 +200,7 @@ class ImportanceWeightedOPDStrategy(_TeacherStrategy):
         advantages, w = iw_opd_advantages(batch.advantages.float(), gap, mask, self.args.iw_opd_gamma,
                                           self.args.iw_opd_epsilon, self.args.iw_opd_weight)
         self._scores = w * gap
+        self._columns = {"teacher_logp": teacher, "weight": w, "term": self.args.iw_opd_weight * w * gap}
         valid = mask.bool()
         metrics = self._teacher_metrics("iw_opd", teacher, gap, mask)
         metrics.update({"iw_opd/mean_weight": float(w[valid].mean()) if valid.any() else 1.0,
@@ -187,6 +219,9 @@ class SelfDistillationStrategy(_TeacherStrategy):
     needs_inputs = ("self_teacher_logps",)
     params = ("sdpo_weight", "sdpo_success_threshold", "sdpo_feedback", "sdpo_max_reprompt_length")
     metrics = ("sdpo/teacher_logp_mean", "sdpo/gap_mean", "sdpo/gap_abs_mean", "sdpo/reprompt_fraction")
+    columns = {"teacher_logp": "the self-teacher's (the policy reprompted with a successful sibling or feedback) "
+               "log-probability of the sampled token; NaN in completions without a self-teacher",
+               "term": "the distillation part of the token's advantage: sdpo_weight * s_i * (teacher_logp - old_logp)"}
     paper = StrategyPaper(
         "Reinforcement Learning via Self-Distillation",
         "Hübotter et al. 2026, Reinforcement Learning via Self-Distillation (arXiv:2601.20802)",
@@ -201,6 +236,7 @@ class SelfDistillationStrategy(_TeacherStrategy):
         teacher = batch.extras.get("self_teacher_logps")
         if teacher is None or batch.old_logps is None:
             raise ValueError("sdpo needs GenerationBatch.extras['self_teacher_logps'] and old_logps.")
+        raw_teacher = teacher.float()
         rows = torch.isfinite(teacher).any(dim=1)
         mask = batch.completion_mask.float() * rows[:, None]
         teacher = torch.nan_to_num(teacher.float(), nan=0.0)
@@ -209,4 +245,5 @@ class SelfDistillationStrategy(_TeacherStrategy):
         metrics = self._teacher_metrics("sdpo", teacher, gap, mask)
         metrics["sdpo/reprompt_fraction"] = float(rows.float().mean())
         advantages = sdpo_advantages(batch.advantages.float(), gap, rows, self.args.sdpo_weight)
+        self._columns = {"teacher_logp": raw_teacher, "term": self.args.sdpo_weight * gap * rows[:, None].float()}
         return advantages.to(batch.advantages.dtype), metrics

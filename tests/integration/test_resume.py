@@ -72,7 +72,9 @@ def stateful_strategies() -> set[str]:
 
 
 # Each stateful strategy, composed where they compose (one weight strategy and loss strategies): one pair of runs.
-EVERY_STATE = ["random", "clip_cov"]
+# opd / iw_opd keep state with teacher_model: ema (the EMA teacher's weights, carried by the first of them).
+EVERY_STATE = ["random", "clip_cov", "opd", "iw_opd"]
+STATE_SETTINGS = {"teacher_model": "ema", "teacher_ema_decay": 0.5}
 
 
 def test_every_stateful_strategy_is_resumed_here():
@@ -111,9 +113,10 @@ def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_in_every_pi
     after saving it leaves) and must end where the uninterrupted run ends: the same losses at steps 3-4, bit-equal
     weights and Adam moments, the same generator states of every stateful strategy and the same generation count."""
     strategies = ",".join(EVERY_STATE)
-    full = _state(_train(tiny_model_path, tmp_path / "full", strategies=strategies))
+    full = _state(_train(tiny_model_path, tmp_path / "full", strategies=strategies, **STATE_SETTINGS))
     checkpoint = tmp_path / "full" / "checkpoint-2"
-    resumed = _state(_train(tiny_model_path, tmp_path / "resumed", resume_from=str(checkpoint), strategies=strategies))
+    resumed = _state(_train(tiny_model_path, tmp_path / "resumed", resume_from=str(checkpoint), strategies=strategies,
+                            **STATE_SETTINGS))
     later = [[value for value in entry[1:]] for entry in resumed["loss"] if entry[0] > 2]
     assert [e[0] for e in resumed["loss"] if e[0] > 2] == [3, 4]
     assert sum(later, []) == pytest.approx(sum([list(e[1:]) for e in full["loss"] if e[0] > 2], []), abs=1e-7)

@@ -6,8 +6,8 @@ those inner steps record what the strategies need in one ``GenerationRecord`` pe
 ``advantage_pipeline`` reads once (called by ``SharpGRPOTrainer._apply_advantage_strategies``): it reads the policy's
 inputs the strategies need, gathers the whole groups into one ``GenerationBatch`` (``gathered_batch``), runs the
 strategies (``run_advantage_strategies``) and returns an ``AdvantageResult``: this process's token advantages, the
-strategies' metrics and each strategy's output (the telemetry's stages). The groups were tagged before
-(``tag_groups``).
+strategies' metrics and each strategy's output and declared per-token columns (the telemetry's stages). The groups
+were tagged before (``tag_groups``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.strategies import AdvantageStrategy, GenerationBatch
+from sharpgrpo.strategies.base import declared_columns
 from sharpgrpo.strategies.correctness import answer_verdicts, correct_completions
 from sharpgrpo.training.generation.capture import fit_width
 from sharpgrpo.training.generation.inputs import provided_inputs
@@ -35,7 +36,8 @@ class GenerationRecord:
         captured: the sampling log-probabilities (``logps``), last hidden states (``hidden``) and entropies
             (``entropy``) read from
             transformers' decoding steps (`sharpgrpo.training.generation.capture`), when a strategy needs them.
-        stages: (B_local, T) token advantages after each advantage strategy run at generation (this process's rows).
+        stages: (B_local, T) token advantages after each advantage strategy run at generation, then each one's
+            declared per-token columns (``recorder.generation_stages``; this process's rows).
         logged_advantages: (each completion's mean token advantage after those strategies, TRL's sequence advantage),
             both (B_global,) in global order, for the completion tables (`sharpgrpo.training.telemetry.recorder`).
     """
@@ -78,9 +80,10 @@ def run_advantage_strategies(
     """Apply ``strategies`` in order, each to the previous one's token advantages; check each output
     (``checker.advantages``) and hand the strategy's per-token scores (``AdvantageStrategy.token_scores``), if any,
     to ``on_token_scores(batch, scores, token_advantages)``. Returns (the last token advantages (B, T), each
-    strategy's metrics as (name, value) in order, each strategy's output (B, T): the telemetry's
-    ``advantage/<strategy>``)."""
-    token_advantages, metrics, stages = batch.advantages, [], []
+    strategy's metrics as (name, value) in order, the telemetry's stages (B, T) each: every strategy's output
+    (``advantage/<strategy>``), then every strategy's declared columns in its ``columns`` order
+    (``<strategy>/<column>``; ``recorder.generation_stages``))."""
+    token_advantages, metrics, stages, columns = batch.advantages, [], [], []
     for strategy in strategies:
         result = strategy.token_advantages(replace(batch, advantages=token_advantages))
         checker.advantages(strategy, result, batch)
@@ -90,7 +93,14 @@ def run_advantage_strategies(
         scores = strategy.token_scores()
         if on_token_scores is not None and scores is not None:
             on_token_scores(batch, scores, token_advantages)
-    return token_advantages, metrics, stages
+        name = type(strategy).registered_name()
+        values = declared_columns(name, strategy, strategy.token_columns(), complete=True)
+        for column in type(strategy).columns:  # the telemetry's <strategy>/<column> (recorder.generation_stages)
+            if tuple(values[column].shape) != tuple(token_advantages.shape):
+                raise ValueError(f"Strategy {name}'s per-token column {column!r} has shape "
+                                 f"{tuple(values[column].shape)}; expected {tuple(token_advantages.shape)} (B, T).")
+            columns.append(values[column].to(token_advantages.device))
+    return token_advantages, metrics, stages + columns
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,8 @@ class AdvantageResult:
     Attributes:
         advantages: (B_local, T_local) token advantages of this process's rows.
         metrics: the strategies' metrics, (name, value) in order.
-        stages: (B_local, T_local) token advantages after each strategy (this process's rows).
+        stages: (B_local, T_local) token advantages after each strategy, then each one's declared columns
+            (``recorder.generation_stages``; this process's rows).
         logged_advantages: (each completion's mean token advantage, TRL's sequence advantage), both (B_global,),
             for the completion tables (`sharpgrpo.training.telemetry`).
     """

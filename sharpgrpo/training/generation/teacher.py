@@ -6,6 +6,14 @@ log-probabilities of the sampled completions, the generation input ``teacher_log
 * ``ref``: the reference model TRL loaded (``beta`` > 0), or, in a LoRA run, the frozen base with the adapter
   disabled (TRL's own reference there);
 * ``base``: the frozen base of a LoRA run (the adapter disabled for the teacher's forward);
+* ``ema``: an exponential moving average of the policy's trained weights, theta_T <- decay theta_T + (1 - decay)
+  theta after every optimizer step (``teacher_ema_decay``; TRL 1.16's SDPO EMA teacher: ``SyncTeacherModelCallback``,
+  trl/experimental/sdpo/teacher_sync.py L54-65, with ``SyncRefModelCallback._sync_target_model``,
+  trl/trainer/callbacks.py L130-132, ``teacher_update_rate`` = 1 - decay = 0.05 by default, sdpo_config.py L549-552).
+  A copy of the policy (a LoRA run: of the whole PEFT model, only the adapter's weights averaged), updated by a
+  ``TrainerCallback`` this module registers; its weights travel in the checkpoint's strategy state (the first
+  strategy that reads ``teacher_logps`` carries them) and are restored on resume. Refused under ZeRO-3 / FSDP, where
+  the policy's weights are sharded;
 * a local path or Hub name: a model loaded once, frozen, on the policy's device and dtype.
 
 A teacher must share the policy's tokenizer (the gap compares log-probabilities of the same token ids): a different
@@ -13,22 +21,25 @@ vocabulary is refused naming both; a name that does not load, or a kind the run 
 LoRA, ``ref`` with neither a reference model nor LoRA), is refused in one line while the trainer is built, before the
 first step. The teacher scores prompt + completion at the sampling temperature (as TRL's IW-OPD and SDPO trainers
 divide the teacher's logits by it), from its last hidden states through its LM head in vocabulary slices
-(``capture.logps_from_hidden_states``: no (B, T, V) tensor). Not done: an EMA teacher, a teacher sharded under
-ZeRO-3 / FSDP2, and one forward shared with the reference model's.
+(``capture.logps_from_hidden_states``: no (B, T, V) tensor). Not done: a teacher sharded under ZeRO-3 / FSDP2 (an EMA
+teacher there), an EMA of a LoRA adapter kept as a second adapter (TRL's PEFTAdapterEMACallback: here the copy holds
+the frozen base too), and one forward shared with the reference model's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from sharpgrpo.training.generation.capture import logps_from_hidden_states
 from sharpgrpo.training.generation.inputs import register_generation_input
 from sharpgrpo.training.generation.policy_inputs import completion_hidden_states, full_unembedding
 
-TEACHER_KINDS = ("ref", "base")  # besides a path or Hub name
+TEACHER_KINDS = ("ref", "base", "ema")  # besides a path or Hub name
 
 
 def tokenizer_difference(teacher_tokenizer, policy_tokenizer) -> str | None:
@@ -59,6 +70,74 @@ class Teacher:
                                                 self.rows_per_chunk)
 
 
+class EmaTeacher:
+    """An exponential moving average of the policy's trained weights (module docstring, ``ema``).
+
+    ``model``: a frozen copy of the policy made when the trainer is built (theta_T = theta_0); ``update()`` sets
+    theta_T <- decay * theta_T + (1 - decay) * theta for every parameter the policy trains (``requires_grad``), in
+    the policy's dtype, as TRL's ``_sync_target_model`` does (``target.mul_(1 - alpha).add_(theta, alpha=alpha)``,
+    alpha = 1 - decay). ``state_dict()`` / ``load_state_dict()``: the averaged weights, by parameter name, for the
+    checkpoint's strategy state."""
+
+    PREFIX = "teacher_ema."
+
+    def __init__(self, policy, decay: float):
+        self.policy, self.decay = policy, float(decay)
+        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        averaged = dict(self.model.named_parameters())
+        self.pairs = [(name, averaged[name], parameter) for name, parameter in policy.named_parameters()
+                      if parameter.requires_grad]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for _, averaged, parameter in self.pairs:
+            averaged.mul_(self.decay).add_(parameter.detach(), alpha=1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {self.PREFIX + name: averaged.detach().cpu().clone() for name, averaged, _ in self.pairs}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        expected = {self.PREFIX + name for name, _, _ in self.pairs}
+        if set(state) != expected:
+            missing = sorted(expected - set(state))
+            raise ValueError(
+                "teacher_model='ema': the checkpoint's strategy state does not hold this policy's EMA teacher "
+                f"weights ({len(missing)} of {len(expected)} missing, e.g. {missing[:1] or sorted(state)[:1]}); "
+                "it was saved by a run with another teacher_model or another model."
+            )
+        for name, averaged, _ in self.pairs:
+            averaged.copy_(state[self.PREFIX + name].to(averaged.device, averaged.dtype))
+
+
+class EmaTeacherCallback(TrainerCallback):
+    """Updates the EMA teacher after every optimizer step (``on_step_end``: after the step, before a checkpoint is
+    saved, so the checkpoint holds the average of the weights it holds)."""
+
+    def __init__(self, ema: EmaTeacher):
+        self.ema = ema
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.ema.update()
+        return control
+
+
+def ema_teacher(trainer) -> EmaTeacher:
+    """The EMA teacher of ``trainer``'s policy, its callback registered and its weights handed to the checkpoint's
+    strategy state (the first advantage strategy that reads ``teacher_logps``: ``keep_teacher_state``)."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if (plugin is not None and plugin.zero_stage == 3) or getattr(trainer, "is_fsdp_enabled", False):
+        raise ValueError("teacher_model='ema' is not supported under ZeRO-3 / FSDP (the policy's weights are "
+                         "sharded, a copy of them would be empty shards); name a teacher's path, `ref` or `base`.")
+    ema = EmaTeacher(trainer.accelerator.unwrap_model(trainer.model), trainer.args.teacher_ema_decay)
+    trainer.add_callback(EmaTeacherCallback(ema))
+    holder = next((s for s in trainer.strategies.advantage if "teacher_logps" in getattr(s, "needs_inputs", ())
+                   and hasattr(s, "keep_teacher_state")), None)
+    if holder is not None:
+        holder.keep_teacher_state(ema)
+    return ema
+
+
 def _bare(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -77,6 +156,8 @@ def load_teacher(name: str, trainer) -> Teacher:
         return Teacher(_bare(policy), trainer.temperature, rows, context=policy.disable_adapter)
     if name == "ref":
         return Teacher(_bare(trainer.accelerator.unwrap_model(trainer.ref_model)), trainer.temperature, rows)
+    if name == "ema":
+        return Teacher(_bare(ema_teacher(trainer).model), trainer.temperature, rows)
     return Teacher(_bare(load_named_teacher(name, policy, trainer.processing_class)), trainer.temperature, rows)
 
 
@@ -113,8 +194,8 @@ def teacher_logps(trainer):
     (the teacher loaded once, here, when the trainer is built)."""
     name = trainer.args.teacher_model
     if not name:
-        raise ValueError("teacher_model is not set: the distillation strategies need a teacher (`ref`, `base`, or a "
-                         "model's path or Hub name).")
+        raise ValueError("teacher_model is not set: the distillation strategies need a teacher (`ref`, `base`, `ema` "
+                         "or a model's path or Hub name).")
     teacher = load_teacher(name, trainer)
     return teacher.logps
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from sharpgrpo.strategies.base import LossContext, LossTerms
+from sharpgrpo.strategies.base import declared_columns as checked_columns
 
 
 def collect_loss_terms(strategies, context: LossContext, check_metrics=None
@@ -91,11 +92,6 @@ def per_token_terms(terms: LossTerms | None) -> dict[str, torch.Tensor]:
 
 def declared_columns(strategy_name: str, strategy, terms: LossTerms) -> dict[str, torch.Tensor]:
     """The strategy's per-token diagnostics (``LossTerms.columns``), each declared in its class's ``columns``; an
-    undeclared one (or one named like a ``LossTerms`` field) is refused naming the strategy."""
-    declared = getattr(strategy, "columns", {})
-    wrong = sorted(name for name in terms.columns if name not in declared or name in LossTerms.TERMS)
-    if wrong:
-        raise ValueError(f"Strategy {strategy_name} returned the per-token column(s) {', '.join(wrong)}, which its "
-                         f"class does not declare in `columns` or which are named like a LossTerms field (declared: "
-                         f"{', '.join(sorted(declared)) or 'none'}).")
-    return {name: value.detach() for name, value in terms.columns.items()}
+    undeclared one (or one named like a ``LossTerms`` field) is refused naming the strategy
+    (``strategies.base.declared_columns``, the check every kind's columns pass)."""
+    return checked_columns(strategy_name, strategy, terms.columns, reserved=tuple(LossTerms.TERMS))

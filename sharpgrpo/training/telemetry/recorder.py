@@ -4,9 +4,9 @@ telemetry step (``token_telemetry: true``; ``output_dir/telemetry/telemetry_<ste
 Capture, not recomputation. The trainer hands the recorder, detached, what it computed:
 
 * at generation (``SharpGRPOTrainer._generate_and_score_completions``): TRL's sequence advantage, the rewards of every
-  reward function, the token advantages after each advantage strategy (``run_advantage_strategies``' stages), the
-  row's global index and its prompt. They travel with the rows as ``telemetry_*`` tensors through TRL's shuffling and
-  splitting (``attach_generation``);
+  reward function, the token advantages after each advantage strategy and the per-token columns each declares
+  (``run_advantage_strategies``' stages: a teacher's log-probability, ...), the row's global index and its prompt.
+  They travel with the rows as ``telemetry_*`` tensors through TRL's shuffling and splitting (``attach_generation``);
 * in the loss (``SharpGRPOTrainer._compute_loss``), on a telemetry step: the policy loss's result
   (``sharpgrpo.training.loss.policy_loss.PolicyLossResult``): the log-probabilities, the ratio, the weights, the
   advantages, the KL term, the loss strategies' terms and the per-token loss of each micro-batch
@@ -81,8 +81,9 @@ PATTERN_COLUMNS = {
     "advantage/<strategy>": "the token advantage after each advantage strategy, in the configured order",
     "reward/<function>": "the completion's reward from each reward function (null where it skipped the row)",
     **{f"<loss strategy>/{term}": text for term, text in LossTerms.TERMS.items()},
-    "<loss strategy>/<column>": "a per-token diagnostic the loss strategy declares in its `columns` (described "
-    "there: a rollout correction's is_weight, rejected, mismatch_k1, mismatch_k3)",
+    "<strategy>/<column>": "a per-token diagnostic the strategy declares in its `columns` (described there: a "
+    "rollout correction's is_weight, rejected, mismatch_k1, mismatch_k3; a distillation teacher's teacher_logp and "
+    "distillation term)",
 }
 # Columns every telemetry file has (the reader refuses a file without them).
 REQUIRED = ("step", "row", "prompt_index", "completion_index", "group_id", "position", "token_id", "token", "mask",
@@ -121,8 +122,8 @@ def attach_generation(output: dict[str, Any], *, process_index: int, rewards_per
     """``output`` plus the rows' generation-time telemetry, as tensors with a leading row dimension so that they
     follow the rows through TRL's shuffling and splitting: ``telemetry_row`` (B,) the global row index,
     ``telemetry_trl_advantage`` (B,) TRL's sequence advantage, ``telemetry_rewards`` (B, F) (``rewards_per_func`` is
-    TRL's gathered (B_global, F)), ``telemetry_stages`` (B, S, T) the token advantage after each advantage strategy
-    (local rows of each stage)."""
+    TRL's gathered (B_global, F)), ``telemetry_stages`` (B, S, T) the token advantage after each advantage strategy,
+    then each strategy's declared per-token columns (local rows of each stage; names: ``generation_stages``)."""
     ids = output["completion_ids"]
     rows, length = ids.shape
     start = process_index * rows
@@ -135,6 +136,14 @@ def attach_generation(output: dict[str, Any], *, process_index: int, rewards_per
     if stages:
         extra["telemetry_stages"] = torch.stack([s.detach().float() for s in stages], dim=1)[..., :length]
     return {**output, **extra}
+
+
+def generation_stages(names: Sequence[str], classes: dict[str, type]) -> list[str]:
+    """The telemetry column of each stage ``run_advantage_strategies`` returns for the advantage strategies ``names``
+    run at generation (configured names, in order): ``advantage/<name>`` of each, then ``<name>/<column>`` of each
+    column its class declares (``Strategy.columns``, in declared order)."""
+    return [f"advantage/{name}" for name in names] + [
+        f"{name}/{column}" for name in names for column in getattr(classes[name], "columns", {})]
 
 
 def _numpy(tensor: torch.Tensor, shape: tuple[int, int]) -> np.ndarray:
@@ -161,7 +170,7 @@ class TelemetryRecorder:
                  stage_names: Sequence[str], folded_name: str | None, num_generations: int):
         self.args, self.accelerator, self.tokenizer = args, accelerator, tokenizer
         self.reward_names, self.weight_names = list(reward_names), list(weight_names)
-        self.stage_names, self.folded_name = list(stage_names), folded_name
+        self.stage_names, self.folded_name = list(stage_names), folded_name  # stage_names: generation_stages
         self.num_generations = num_generations
         self.folder = Path(args.output_dir) / FOLDER
         self.prompts: dict[int, str] = {}  # this process's rows of the current generation batch: global row -> prompt
@@ -237,8 +246,8 @@ class TelemetryRecorder:
         for name in self.weight_names:  # one weight strategy at most today: its weight is the product
             chunk[f"weight/{name}"] = chunk["weight"]
         stages = inputs.get("telemetry_stages")
-        for s, name in enumerate(self.stage_names):
-            chunk[f"advantage/{name}"] = _numpy(stages[:, s], shape)[b_index, t_index]
+        for s, name in enumerate(self.stage_names):  # each strategy's output, then its declared columns
+            chunk[name] = _numpy(stages[:, s], shape)[b_index, t_index]
         if self.folded_name is not None:
             chunk[f"advantage/{self.folded_name}"] = chunk["advantage"]
         rewards = inputs.get("telemetry_rewards")
@@ -349,8 +358,8 @@ def _pattern_help(name: str) -> str:
     if found is None and term in LossTerms.TERMS:  # a loss strategy's term, named after the strategy
         return f"{prefix} (loss strategy): {LossTerms.TERMS[term]}"
     declared = getattr(STRATEGIES.get(prefix), "columns", {}) if found is None and prefix in STRATEGIES else {}
-    if term in declared:  # a loss strategy's declared per-token diagnostic
-        return f"{prefix} (loss strategy): {declared[term]}"
+    if term in declared:  # a strategy's declared per-token diagnostic
+        return f"{prefix} ({STRATEGIES.get(prefix).kind} strategy): {declared[term]}"
     return found or ""
 
 
@@ -417,9 +426,11 @@ def telemetry_recorder(trainer, strategies, folded: bool) -> TelemetryRecorder:
     """The recorder of ``trainer`` (a ``SharpGRPOTrainer`` with ``token_telemetry``), its callback installed;
     ``strategies`` the trainer's ``StrategySet``, ``folded`` whether its last advantage strategy acts in the loss."""
     advantage_names = strategies.names_of("advantage")
+    run_at_generation = advantage_names[:-1] if folded else advantage_names
     recorder = TelemetryRecorder(
         trainer.args, trainer.accelerator, trainer.processing_class, reward_names=trainer.reward_func_names,
-        weight_names=strategies.names_of("weight"), stage_names=advantage_names[:-1] if folded else advantage_names,
+        weight_names=strategies.names_of("weight"),
+        stage_names=generation_stages(run_at_generation, strategies.classes),
         folded_name=advantage_names[-1] if folded else None, num_generations=trainer.num_generations,
     )
     trainer.add_callback(TelemetryCallback(recorder))
