@@ -11,9 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import importlib.util
+
+import pytest
 from vllm_marks import NEEDS_VLLM
 
 pytestmark = NEEDS_VLLM
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+NEEDS_DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason='DeepSpeed is not installed: DS_BUILD_OPS=0 pip install -e ".[deepspeed]"')
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -33,3 +48,30 @@ def test_two_processes_train_two_steps_with_colocated_vllm(tiny_vllm_model, tmp_
     logs = [entry for entry in state["log_history"] if "loss" in entry]
     assert state["global_step"] == 2 and len(logs) == 2
     assert all(math.isfinite(entry["loss"]) and math.isfinite(entry["reward"]) for entry in logs)
+
+
+@pytest.mark.parametrize("launch_config", ["multi_gpu", pytest.param("zero3", marks=NEEDS_DEEPSPEED)])
+def test_every_process_engine_gets_the_policy_after_every_step(launch_config, tiny_vllm_model, tmp_path):
+    """On 2 processes (data parallel, and DeepSpeed ZeRO-3 where each process holds a shard and TRL gathers them for the
+    sync), each process's engine scores a fixed text as the full policy does right after every sync, and differs after
+    the optimizer step."""
+    import conftest
+    from test_colocate_training import SYNC_TOLERANCE
+
+    conftest._ENGINES.clear()
+    output = tmp_path / "run"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(REPO / f"configs/accelerate/{launch_config}.yaml"), "--num_processes", "2", "--mixed_precision",
+               "no", "--main_process_port", str(free_port()), str(REPO / "tests/with_vllm/_sync_worker.py"),
+               tiny_vllm_model, str(output)]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    for rank in range(2):
+        report = json.loads((output / f"sync_rank{rank}.json").read_text())
+        print(launch_config, rank, report)
+        assert report["processes"] == 2 and report["deepspeed"] == (launch_config == "zero3")
+        assert len(report["records"]) == 3
+        for step, record in enumerate(report["records"]):
+            assert record["synced_gap"] <= SYNC_TOLERANCE, (rank, step, record)
+            assert record["stale_gap"] > 10 * SYNC_TOLERANCE, (rank, step, record)
