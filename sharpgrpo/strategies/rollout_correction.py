@@ -1,21 +1,21 @@
 """Rollout correction: importance weights, rejection and mismatch diagnostics between the policy that sampled a batch
 (the rollout engine, e.g. vLLM: ``pi_rollout``) and the policy the trainer computes (``pi_train``).
 
-Released code reproduced here (read, not copied): verl's ``verl/trainer/ppo/rollout_corr_helper.py`` at commit
-b178a3cd56f58b2d502255daba591e92833930a7 (Apache-2.0), and the presets of ``RolloutCorrectionConfig`` in
-``verl/trainer/config/algorithm.py`` of the same commit. With ``r_t = pi_train(y_t) / pi_rollout(y_t)`` and
-``log r_t`` clamped to +-20 before any ``exp`` (``SAFETY_BOUND``, rollout_corr_helper.py line 74):
+Released code reproduced here (read, not copied): verl 0.9.1's ``verl/trainer/ppo/rollout_corr_helper.py`` (the PyPI
+release, Apache-2.0; the tests import it and run it unchanged on shared inputs; line numbers below are of that file),
+and the presets of ``RolloutCorrectionConfig`` in ``verl/trainer/config/algorithm.py`` of the same release. With ``r_t = pi_train(y_t) / pi_rollout(y_t)`` and
+``log r_t`` clamped to +-20 before any ``exp`` (``SAFETY_BOUND``, rollout_corr_helper.py line 75):
 
-* importance weights (``compute_rollout_correction_weights``, lines 481-605): token ``w_t = r_t``; sequence
+* importance weights (``compute_rollout_correction_weights``, lines 522-657): token ``w_t = r_t``; sequence
   ``w = prod_t r_t = exp(sum_t log r_t)``; geometric ``w = exp(mean_t log r_t)`` (the length-normalised ratio of
   GSPO; verl reports it only as a rejection statistic, ``seq_mean_k1``, its "Geo-RS"). Then ``truncate`` (TIS:
   ``min(w, C)``) or ``mask`` (MIS, Liu et al. 2025: ``w 1[w <= C]``), optionally divided by their batch mean;
   0 on padding;
-* rejection (``compute_rollout_rejection_mask``, lines 162-351): per token ``k1 = -log r``, ``k2 = (log r)^2 / 2``,
+* rejection (``compute_rollout_rejection_mask``, lines 197-413): per token ``k1 = -log r``, ``k2 = (log r)^2 / 2``,
   ``k3 = r - 1 - log r``; a token (``token_k*``) or a whole sequence (its sum, mean or max: ``seq_sum_k*``,
   ``seq_mean_k*``, ``seq_max_k{2,3}``) is rejected when the statistic leaves its bound: ``log(lower) <= k1 <=
   log(upper)`` for K1, ``k <= upper`` for K2 and K3; several options must all pass;
-* diagnostics (``compute_offpolicy_metrics``, lines 822-931, and ``compute_is_metrics``, lines 608-712): mismatch
+* diagnostics (``compute_offpolicy_metrics``, lines 904-1011, and ``compute_is_metrics``, lines 660-784): mismatch
   KL ``E[log pi_rollout - log pi_train]`` and its K3 form, both perplexities, their log difference and ratio,
   chi-square at token level ``E[r_t^2] - 1`` and sequence level ``E[(prod_t r_t)^2] - 1``, and the effective sample
   size ``1 / E[(w / E[w])^2]`` of the weights clamped to ``[1/C, C]``.
