@@ -90,3 +90,44 @@ def test_ema_checkpoint_state_is_refused_by_another_teacher(tiny_model_path, tmp
     assert trainer.strategy_state()["OnPolicyDistillationStrategy"] == {}
     with pytest.raises(ValueError, match="resume with teacher_model: ema"):
         trainer.strategies.load_state_dict({"OnPolicyDistillationStrategy": {"teacher_ema.x": torch.zeros(1)}})
+
+
+@pytest.mark.slow
+def test_lora_run_averages_the_adapter_only(tiny_model_path, tmp_path):
+    """In a LoRA run the policy trains the adapter only: the EMA averages (and the checkpoint carries) exactly the
+    adapter's weights, and after two steps the teacher's adapter lies between its start (lora_B = 0) and the
+    policy's, as the float64 loop says."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    from sharpgrpo import SharpGRPOTrainer
+    from sharpgrpo.data.demo import demo_dataset
+
+    decay = 0.5
+    args = tiny_config(tmp_path, strategies=["opd"], teacher_model="ema", teacher_ema_decay=decay, max_steps=2,
+                       learning_rate=1e-2)
+
+    def constant_reward(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = SharpGRPOTrainer(model=tiny_model_path, reward_funcs=[constant_reward], args=args,
+                               train_dataset=demo_dataset(32),
+                               processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
+                               peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    ema = trainer.advantage_strategies[0]._teacher_state
+    names = [name for name, _, _ in ema.pairs]
+    assert names and all("lora_" in name for name in names)
+    log = WeightLog(trainer.model)
+    trainer.add_callback(log)
+    trainer.train()
+    averaged = {name: p.detach().double() for name, p in ema.model.named_parameters()}
+    moved = 0.0
+    for name in names:
+        expected = log.snapshots[0][name]
+        for snapshot in log.snapshots[1:]:
+            expected = decay * expected + (1.0 - decay) * snapshot[name]
+        torch.testing.assert_close(averaged[name], expected, rtol=0, atol=1e-6, msg=name)
+        moved = max(moved, float((expected - log.snapshots[-1][name]).abs().max()))
+    assert moved > 1e-4
+    assert set(trainer.strategy_state()["OnPolicyDistillationStrategy"]) == {"teacher_ema." + n for n in names}
