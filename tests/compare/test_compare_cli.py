@@ -53,6 +53,7 @@ def _wait_for(path: Path, process: subprocess.Popen, limit: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_compare_end_to_end_ctrl_c_resume_and_a_crash(tmp_path, tiny_model_path):
     output = tmp_path / "report"
     common = [

@@ -11,6 +11,8 @@ import copy
 import math
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a teacher model is built and several runs train (CI: -m slow)
 import torch
 from helpers import make_trainer, tiny_config
 

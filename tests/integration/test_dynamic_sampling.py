@@ -128,6 +128,7 @@ def train(tiny_model_path, output_dir, reward=solved_often_reward, **options):
     return trainer
 
 
+@pytest.mark.slow
 def test_trains_only_on_groups_with_signal_and_reports_the_refill(tiny_model_path, tmp_path):
     control = train(tiny_model_path, tmp_path / "control")
     # the control can fail the assertion below: without dynamic sampling its batches hold groups of equal rewards
@@ -153,6 +154,7 @@ def test_trains_only_on_groups_with_signal_and_reports_the_refill(tiny_model_pat
     assert table == trainer.trained_rewards[-1][0].tolist()
 
 
+@pytest.mark.slow
 def test_a_filter_that_is_never_met_stops_with_one_line_after_the_bound(tiny_model_path, tmp_path):
     from sharpgrpo.training.generation.dynamic_sampling import DynamicSamplingError
 
@@ -163,6 +165,7 @@ def test_a_filter_that_is_never_met_stops_with_one_line_after_the_bound(tiny_mod
     assert "\n" not in message and message.startswith("dynamic_sampling_filter=reward_std: no group passed in 2 ")
 
 
+@pytest.mark.slow
 def test_accuracy_filter_and_a_bound_too_small_to_fill(tiny_model_path, tmp_path):
     """``accuracy`` reads the answer verdicts (here the binary reward's fallback rule); with no extra round allowed the
     batch is filled with failing groups, counted and warned about once."""
@@ -214,6 +217,7 @@ def test_two_processes_end_each_step_with_the_same_groups(tiny_model_path, tmp_p
     assert ranks[0]["metrics"][0]["dynamic_sampling/groups_unfilled"] == 0
 
 
+@pytest.mark.slow
 def test_an_unknown_filter_names_the_setting_and_the_rewards(tiny_model_path, tmp_path):
     from helpers import make_trainer, tiny_config
 

@@ -12,6 +12,7 @@ pytest.importorskip("fastapi", reason="search training needs the `search` extra 
 pytest.importorskip("uvicorn", reason="search training needs the `search` extra (fastapi, uvicorn, bm25s)")
 pytest.importorskip("bm25s", reason="search training needs the `search` extra (fastapi, uvicorn, bm25s)")
 
+pytestmark = pytest.mark.slow  # multi-turn training runs against a retrieval server (CI: -m slow)
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 

@@ -153,6 +153,7 @@ def test_the_loss_uses_the_configured_estimator(tmp_path):
                                    kl_estimate(logps, ref + weights.log(), name), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_each_estimator_trains_two_steps(tiny_model_path, tmp_path):
     """Two steps with beta > 0 for each estimator: the first step's KL is 0 (policy = reference), the second's is the
     estimator's own (k1 can be negative, k2 and k3 differ), and each run's parameters move."""

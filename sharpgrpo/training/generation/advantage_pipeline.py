@@ -93,9 +93,9 @@ def run_advantage_strategies(
         scores = strategy.token_scores()
         if on_token_scores is not None and scores is not None:
             on_token_scores(batch, scores, token_advantages)
-        name = type(strategy).registered_name()
+        name = strategy.registered_name()  # through the instance: a wrapper that delegates to a strategy works too
         values = declared_columns(name, strategy, strategy.token_columns(), complete=True)
-        for column in type(strategy).columns:  # the telemetry's <strategy>/<column> (recorder.generation_stages)
+        for column in strategy.columns:  # the telemetry's <strategy>/<column> (recorder.generation_stages)
             if tuple(values[column].shape) != tuple(token_advantages.shape):
                 raise ValueError(f"Strategy {name}'s per-token column {column!r} has shape "
                                  f"{tuple(values[column].shape)}; expected {tuple(token_advantages.shape)} (B, T).")
