@@ -49,9 +49,15 @@ print("EVALUATED", result["backend"])
 """
 
 
+# TRL's colocated engine exports these into the test process (trl/generation/vllm_generation.py L331-335: RANK,
+# LOCAL_RANK, WORLD_SIZE, then ensure_master_addr_port); a fresh user process has none of them.
+DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def run_script(script: str, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env = {key: value for key, value in os.environ.items() if key not in DISTRIBUTED_ENV}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1",
+               HF_HUB_DISABLE_TELEMETRY="1")
     return subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env, timeout=600)
 
 

@@ -11,8 +11,7 @@ import math
 
 import pytest
 from helpers import cpu_config
-from test_colocate_training import SYNC_TOLERANCE
-from test_lora_sync import LoraSyncProbe
+from test_colocate_training import SYNC_TOLERANCE, SyncProbe
 from vllm_marks import NEEDS_VLLM
 
 pytestmark = [*NEEDS_VLLM, pytest.mark.slow]
@@ -29,18 +28,6 @@ def smol_model():
         pytest.skip(str(error))
 
 
-class SmolSyncProbe(LoraSyncProbe):
-    """The LoRA probe's records without the base comparison (a full fine-tune has no adapter to disable)."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        from test_colocate_training import policy_logps, vllm_logps
-
-        engine = vllm_logps(self.trainer.vllm_generation.llm, self.ids)
-        after = policy_logps(self.trainer.model, self.ids)
-        self.records.append({"synced_gap": (engine - self._before).abs().max().item(),
-                             "stale_gap": (engine - after).abs().max().item()})
-
-
 def test_smol_trains_two_steps_with_vllm_and_every_sync_reaches_the_engine(smol_model, shared_engine, tmp_path):
     import conftest
     from helpers import make_trainer
@@ -54,7 +41,7 @@ def test_smol_trains_two_steps_with_vllm_and_every_sync_reaches_the_engine(smol_
     text = trainer.processing_class.apply_chat_template(
         [{"role": "user", "content": "Write letters from A to E."}, {"role": "assistant", "content": "A C B E D"}],
         tokenize=False)
-    probe = SmolSyncProbe(trainer, trainer.processing_class(text)["input_ids"])
+    probe = SyncProbe(trainer, trainer.processing_class(text)["input_ids"])
     trainer.add_callback(probe)
     trainer.train()
     print("smol sync probe per step:", probe.records)
