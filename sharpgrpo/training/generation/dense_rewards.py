@@ -35,9 +35,13 @@ def dense_rewards_read(args: Any) -> bool:
     """Whether a configured strategy reads the placed rewards (declares ``token_rewards`` in ``needs_inputs``)."""
     from sharpgrpo.strategies import STRATEGIES
 
-    names = list(getattr(args, "strategies", None) or [])
-    return any("token_rewards" in getattr(STRATEGIES.get(name), "needs_inputs", ()) for name in names
-               if name in STRATEGIES)
+    def needs(name: str) -> bool:
+        try:
+            return "token_rewards" in getattr(STRATEGIES.get(name), "needs_inputs", ())
+        except (ValueError, ImportError, AttributeError):  # not a strategy: the config check names it
+            return False
+
+    return any(needs(name) for name in list(getattr(args, "strategies", None) or []))
 
 
 class DenseRewardCollector:
