@@ -164,3 +164,33 @@ def test_per_turn_rewards_train_with_dense_returns_on_multi_turn_episodes(tmp_pa
     assert all(entry["dense_returns/units_mean"] >= 1 for entry in logs)
     assert any(entry["dense_returns/units_mean"] > 1 for entry in logs)  # multi-turn episodes were placed by turn
     assert any(entry["dense_returns/dense_fraction"] > 0 for entry in logs)
+
+
+def one_question_signal_reward(prompts, completions, golden_answers, **kwargs):
+    """0 for every episode of the France question (its groups carry no signal and are dropped), and 0 / 1 for the
+    two episodes of a Germany group (always a signal): each step must refill, whatever the episodes say."""
+    return [float(index % 2) if "Berlin" in gold else 0.0 for index, gold in enumerate(golden_answers)]
+
+
+def test_dynamic_sampling_refills_with_multi_turn_search_episodes(tmp_path, search_model):
+    """Dynamic sampling's refill rounds run the search rollout again on new prompts (TRL's rollout_func) and the step
+    reports them (docs/methods.md §15.5)."""
+    from sharpgrpo.cli import train
+
+    task, args, model_args, search = make_args(tmp_path, search_model, dynamic_sampling=True,
+                                               dynamic_sampling_max_rounds=4)
+    task.reward_funcs = ["test_search_training.one_question_signal_reward"]  # this file, on pytest's path
+    trainer = train.main(task, args, model_args, search)
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2
+    print("dynamic sampling with search:", [{k: v for k, v in e.items() if k.startswith(("dynamic", "search/turns"))}
+                                            for e in logs])
+    for entry in logs:
+        assert "search/turns_mean" in entry and 0 <= entry["dynamic_sampling/extra_rounds"] <= 4
+        rounds = entry["dynamic_sampling/extra_rounds"] + 1
+        assert entry["dynamic_sampling/groups_generated"] == 2 * rounds  # 2 groups of 2 per round
+        assert entry["dynamic_sampling/groups_generated"] == (2 + entry["dynamic_sampling/groups_dropped"]
+                                                             + entry["dynamic_sampling/groups_surplus"]
+                                                             - entry["dynamic_sampling/groups_unfilled"])
+    assert sum(e["dynamic_sampling/groups_dropped"] for e in logs) >= 2  # a France group in every step
+    assert sum(e["dynamic_sampling/extra_rounds"] for e in logs) >= 2  # ... refilled by new search episodes
