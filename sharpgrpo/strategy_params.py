@@ -146,6 +146,19 @@ class StrategyParams:
         "`algorithm.gamma`, default 1: every loss token's return is the outcome reward). docs/methods.md §15.2.",
         between(0, 1),
     )
+    kl_in_reward_coef: float = param(
+        0.001,
+        "`kl_in_reward`: beta_r, the coefficient of the KL charged to each completion's reward, r - beta_r sum_t KL_t, "
+        "before GRPO's normalisation (verl's `algorithm.kl_ctrl.kl_coef` with `use_kl_in_reward`, default 0.001). "
+        "docs/methods.md §15.7.",
+        non_negative(),
+    )
+    kl_in_reward_estimator: str = param(
+        "k1",
+        "`kl_in_reward`: the per-token KL estimator of the charge (docs/methods.md §15.3; default `k1`, verl's "
+        "`algorithm.kl_penalty: kl`). docs/methods.md §15.7.",
+        one_of("k1", "k2", "k3", "k3_plus", "low_var_kl"),  # strategies.kl_estimators.KL_ESTIMATORS (a test checks)
+    )
     dense_returns_unit: str = param(
         "turn",
         "`dense_returns`: the unit its leave-one-out baseline is aligned on: `turn` (the completion's model turns; a "
