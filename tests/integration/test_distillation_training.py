@@ -118,6 +118,27 @@ def test_reference_model_as_teacher_starts_with_no_gap(tiny_model_path, tmp_path
     assert (batch.extras["teacher_logps"] - batch.old_logps)[mask].abs().max() < 1e-4
 
 
+def test_reference_teacher_reuses_trls_reference_log_probabilities(tiny_model_path, tmp_path):
+    """With beta > 0 TRL already scored the batch with its reference model: teacher_model: ref takes those values
+    (no second forward of the same model), which equal the teacher's own forward of the reference."""
+    from sharpgrpo.training.generation import teacher as teacher_module
+
+    args = tiny_config(tmp_path, strategies=["opd"], teacher_model="ref", beta=0.01)
+    trainer = make_trainer(tiny_model_path, args, reward_funcs=[constant_reward], train_dataset=16)
+    calls = []
+    real_logps = teacher_module.Teacher.logps
+    teacher_module.Teacher.logps = lambda self, output: calls.append(1) or real_logps(self, output)
+    try:
+        output, batch = generation_batch(trainer)
+    finally:
+        teacher_module.Teacher.logps = real_logps
+    assert calls == []  # the reference ran once per batch: TRL's forward
+    mask = output["completion_mask"].bool()
+    assert torch.equal(batch.extras["teacher_logps"][mask], output["ref_per_token_logps"][mask])
+    forward = teacher_module.load_teacher("ref", trainer).logps(output)  # the teacher's own forward of the same model
+    assert (forward - output["ref_per_token_logps"])[mask].abs().max() < 1e-5
+
+
 @pytest.mark.slow
 def test_lora_base_as_teacher(tiny_model_path, tmp_path):
     """teacher_model: base in a LoRA run: the adapter is disabled for the teacher's forward only. After a step the

@@ -11,7 +11,7 @@ LM head in vocabulary slices).
 from __future__ import annotations
 
 from sharpgrpo.training.generation.inputs import register_generation_input
-from sharpgrpo.training.generation.teacher import load_teacher
+from sharpgrpo.training.generation.teacher import load_teacher, reference_logps_first
 
 
 def reference_scorer(trainer):
@@ -36,5 +36,6 @@ def reference_scorer(trainer):
 
 @register_generation_input("reference_logps")
 def reference_logps(trainer):
-    """The reference policy's log-probabilities of this process's completion tokens (B_local, T_local)."""
-    return reference_scorer(trainer).logps
+    """The reference policy's log-probabilities of this process's completion tokens (B_local, T_local); those TRL
+    computed for its KL term where it did (``beta`` > 0), with no second forward."""
+    return reference_logps_first(reference_scorer(trainer).logps)

@@ -21,9 +21,10 @@ vocabulary is refused naming both; a name that does not load, or a kind the run 
 LoRA, ``ref`` with neither a reference model nor LoRA), is refused in one line while the trainer is built, before the
 first step. The teacher scores prompt + completion at the sampling temperature (as TRL's IW-OPD and SDPO trainers
 divide the teacher's logits by it), from its last hidden states through its LM head in vocabulary slices
-(``capture.logps_from_hidden_states``: no (B, T, V) tensor). Not done: a teacher sharded under ZeRO-3 / FSDP2 (an EMA
-teacher there), an EMA of a LoRA adapter kept as a second adapter (TRL's PEFTAdapterEMACallback: here the copy holds
-the frozen base too), and one forward shared with the reference model's.
+(``capture.logps_from_hidden_states``: no (B, T, V) tensor). ``ref`` reuses the reference log-probabilities TRL
+computed for its KL term where it did (``beta`` > 0), so the reference runs one forward per batch, not two
+(:func:`reference_logps_first`). Not done: a teacher sharded under ZeRO-3 / FSDP2 (an EMA teacher there), and an EMA
+of a LoRA adapter kept as a second adapter (TRL's PEFTAdapterEMACallback: here the copy holds the frozen base too).
 """
 
 from __future__ import annotations
@@ -197,7 +198,20 @@ def teacher_logps(trainer):
         raise ValueError("teacher_model is not set: the distillation strategies need a teacher (`ref`, `base`, `ema` "
                          "or a model's path or Hub name).")
     teacher = load_teacher(name, trainer)
-    return teacher.logps
+    return reference_logps_first(teacher.logps) if name == "ref" else teacher.logps
+
+
+def reference_logps_first(score):
+    """``score`` (a scorer of the reference policy) replaced, on every batch where TRL already computed its
+    reference's log-probabilities (``beta`` > 0: ``output["ref_per_token_logps"]``, the same reference at the same
+    sampling temperature, ``GRPOTrainer._generate_and_score_completions``), by those: one reference forward per batch,
+    not two."""
+
+    def provide(output: dict[str, Any]) -> torch.Tensor:
+        computed = output.get("ref_per_token_logps")
+        return computed if computed is not None else score(output)
+
+    return provide
 
 
 # SDPO's self-teacher (docs/methods.md §16.3): TRL 1.16's templates (trl/experimental/sdpo/sdpo_config.py defaults).
