@@ -42,6 +42,7 @@ from sharpgrpo.strategies.base import (
 from sharpgrpo.validation import ConfigError
 
 WHITEN_EPS = 1e-8  # verl_F.masked_whiten: (x - mean) * rsqrt(var + 1e-8)
+SCALE_EPS = 1e-4  # TRL 1.16 GRPOTrainer: advantages / (std_rewards + 1e-4)
 
 
 def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -108,6 +109,22 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: torch.Ten
     mask (B, T) -> (B, T)."""
     mask = mask.to(rewards.dtype)
     return masked_whiten(group_centred(rewards, group_ids)[:, None] * mask, mask) * mask
+
+
+def scale_by_return_std(advantages: torch.Tensor, total_returns: torch.Tensor, group_ids: torch.Tensor,
+                        scale: str) -> torch.Tensor:
+    """Divide ``advantages`` ((B,) or (B, T)) by the standard deviation (unbiased, as ``torch.std``) of the total
+    returns (B,), per group (``"group"``; 0 for a group of one) or over the batch (``"batch"``), plus 1e-4, as TRL's
+    ``scale_rewards`` scales its advantages; ``"none"`` returns them as they are."""
+    if scale == "none":
+        return advantages
+    if scale == "batch":
+        return advantages / (total_returns.std() + SCALE_EPS)
+    std = torch.zeros_like(total_returns)
+    for rows in group_slices(group_ids):
+        if rows.stop - rows.start > 1:
+            std[rows] = total_returns[rows].std()
+    return advantages / (std.view(-1, *[1] * (advantages.dim() - 1)) + SCALE_EPS)
 
 
 def group_centred(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,8 @@ from typing import Any
 import torch
 
 from sharpgrpo.strategies.base import GenerationBatch, StrategyPaper, group_slices, register_strategy
-from sharpgrpo.strategies.baselines import RewardBaseline
+from sharpgrpo.strategies.baselines import RewardBaseline, scale_by_return_std
 from sharpgrpo.validation import ConfigError
-
-SCALE_EPS = 1e-4  # TRL 1.16 GRPOTrainer: advantages / (std_rewards + 1e-4)
-
 
 def rewards_to_go(token_rewards: torch.Tensor) -> torch.Tensor:
     """R[i, t] = sum_{s >= t} r[i, s] over every position of the row. (B, T) -> (B, T)."""
@@ -77,20 +74,6 @@ def dense_return_advantages(token_rewards: torch.Tensor, units: torch.Tensor,
         per_token = baseline.gather(1, row_units.clamp(min=0))
         advantages[rows] = torch.where(row_units >= 0, returns[rows] - per_token, torch.zeros_like(per_token))
     return advantages
-
-
-def scale_by_return_std(advantages: torch.Tensor, total_returns: torch.Tensor, group_ids: torch.Tensor,
-                        scale: str) -> torch.Tensor:
-    """Divide by the standard deviation (unbiased, as ``torch.std``) of the total returns, per group (``"group"``) or
-    over the batch (``"batch"``), plus 1e-4, as TRL scales its advantages; ``"none"`` returns them as they are."""
-    if scale == "none":
-        return advantages
-    if scale == "batch":
-        return advantages / (total_returns.std() + SCALE_EPS)
-    std = torch.empty_like(total_returns)
-    for rows in group_slices(group_ids):
-        std[rows] = total_returns[rows].std() if rows.stop - rows.start > 1 else 0.0
-    return advantages / (std[:, None] + SCALE_EPS)
 
 
 @register_strategy("dense_returns")

@@ -21,11 +21,8 @@ from __future__ import annotations
 import torch
 
 from sharpgrpo.strategies.base import GenerationBatch, StrategyPaper, group_slices, register_strategy
-from sharpgrpo.strategies.baselines import RewardBaseline
+from sharpgrpo.strategies.baselines import RewardBaseline, scale_by_return_std
 from sharpgrpo.strategies.kl_estimators import kl_estimate
-
-SCALE_EPS = 1e-4  # TRL 1.16 GRPOTrainer: advantages / (std_rewards + 1e-4)
-
 
 def kl_charged_rewards(rewards: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor,
                        coef: float, estimator: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,17 +34,10 @@ def kl_charged_rewards(rewards: torch.Tensor, old_logps: torch.Tensor, ref_logps
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
     """TRL 1.16's GRPO advantage of ``rewards`` (B,): minus the group mean, divided by the group's (``group``) or the
     batch's (``batch``) unbiased standard deviation plus 1e-4, or not divided (``none``)."""
-    advantages = torch.empty_like(rewards)
-    std = torch.zeros_like(rewards)
+    centred = torch.empty_like(rewards)
     for rows in group_slices(group_ids):
-        advantages[rows] = rewards[rows] - rewards[rows].mean()
-        if rows.stop - rows.start > 1:
-            std[rows] = rewards[rows].std()
-    if scale == "none":
-        return advantages
-    if scale == "batch":
-        return advantages / (rewards.std() + SCALE_EPS)
-    return advantages / (std + SCALE_EPS)
+        centred[rows] = rewards[rows] - rewards[rows].mean()
+    return scale_by_return_std(centred, rewards, group_ids, scale)
 
 
 @register_strategy("kl_in_reward")
