@@ -56,17 +56,15 @@ def needs_verdicts(args) -> bool:
 def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]], dict], mode: str):
     """One generation batch for ``trainer``: ``generate`` (TRL's ``_generate_and_score_completions``) on ``inputs``
     with a fresh generation record, refilled by the trainer's :class:`DynamicSampler` in training when
-    ``dynamic_sampling`` is on (built with the trainer, :func:`dynamic_sampler`; on first use where it was not). Returns (the input rows, TRL's output, the generation record)."""
+    ``dynamic_sampling`` is on (built with the trainer: :func:`dynamic_sampler`). Returns (the input rows, TRL's output, the generation record)."""
     from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
 
     def one_round(rows: list[dict]):
         trainer._generation = GenerationRecord(inputs=rows)
         return generate(rows), trainer._generation
 
-    if mode != "train" or not trainer.args.dynamic_sampling:
+    if mode != "train" or trainer._dynamic_sampler is None:
         return (inputs, *one_round(inputs))
-    if getattr(trainer, "_dynamic_sampler", None) is None:
-        trainer._dynamic_sampler = DynamicSampler.from_trainer(trainer)
     return trainer._dynamic_sampler.generate(inputs, one_round, trainer._generation_count)
 
 
