@@ -31,7 +31,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -119,15 +118,8 @@ def timed(provide, times: list):
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-
-    warnings.filterwarnings("ignore")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    primary = 1 if args.clock in ("cpu", "auto") and args.device == "cpu" and args.threads == 1 else 0
-    clock = "CPU" if primary else "wall"
     started = time.time()
-    model_path = args.model_dir if args.model_dir is not None else step_bench.build_model(args)
+    primary, clock, model_path = step_bench.prepare_run(args)
     teacher = build_teacher(args)
     with tempfile.TemporaryDirectory() as root:
         trainers = build(args, Path(model_path), teacher, Path(root))

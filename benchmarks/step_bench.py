@@ -170,6 +170,19 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Setup
 # ----------------------------------------------------------------------------------------------------------------
+def prepare_run(args) -> tuple[int, str, Path]:
+    """What the paired benchmarks that import this one (``telemetry_bench``, ``distillation_cost``) set up first:
+    warnings off, ``--threads``, the clock (CPU time of this process when one thread runs on the CPU and ``--clock``
+    is ``cpu`` or ``auto``, else wall time) and the model folder (``--model_dir`` or the built tiny model).
+    Returns (the index of the primary clock in :func:`clocks`, its name, the model folder)."""
+    warnings.filterwarnings("ignore")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    primary = 1 if args.clock in ("cpu", "auto") and args.device == "cpu" and args.threads == 1 else 0
+    model_path = Path(args.model_dir) if args.model_dir is not None else build_model(args)
+    return primary, "CPU" if primary else "wall", model_path
+
+
 def build_model(args) -> Path:
     from sharpgrpo.models.prepared import default_cache_dir
     from sharpgrpo.models.tiny import TINY_MODEL_VERSION, build_tiny_model
