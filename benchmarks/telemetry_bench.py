@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,8 +73,8 @@ def build(args, model_path: Path, root: Path) -> dict:
     recorder.largest_array = 0
     capture = recorder.capture
 
-    def measured_capture(step, inputs, **tensors):  # the largest array the recorder keeps
-        capture(step, inputs, **tensors)
+    def measured_capture(step, inputs, result):  # the largest array the recorder keeps
+        capture(step, inputs, result)
         for chunk in recorder.chunks:
             recorder.largest_array = max(recorder.largest_array, max(a.size for a in chunk.values()))
 
@@ -95,14 +94,7 @@ def mean_ratio_interval(on, off, block: int, resamples: int, rng) -> tuple[float
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-
-    warnings.filterwarnings("ignore")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    primary = 1 if args.clock in ("cpu", "auto") and args.device == "cpu" and args.threads == 1 else 0
-    clock = "CPU" if primary else "wall"
-    model_path = args.model_dir if args.model_dir is not None else step_bench.build_model(args)
+    primary, clock, model_path = step_bench.prepare_run(args)
     started = time.time()
     with tempfile.TemporaryDirectory() as root:
         trainers = build(args, Path(model_path), Path(root))
