@@ -35,7 +35,7 @@ from sharpgrpo.training.generation.advantage_pipeline import tag_groups
 from sharpgrpo.training.generation.capture import GenerationCapture
 from sharpgrpo.training.generation.dynamic_sampling import dynamic_sampler, generate_batch, needs_verdicts
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
-from sharpgrpo.training.generation.inputs import input_providers
+from sharpgrpo.training.generation.inputs import input_providers, loss_mask
 from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_logps_source, prompt_completion
 from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem
 from sharpgrpo.training.generation.rank_agreement import RankFailures
@@ -237,8 +237,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def _policy_loss(self, model, inputs, weights=None) -> PolicyLossResult:
         """The forward and TRL's masks, then the policy loss of this micro-batch (a pure function of them)."""
-        mask = inputs["completion_mask"]
-        mask = mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
+        mask = loss_mask(inputs)
         with averaged_head_gradient(causal_lm(self.accelerator, model)):  # FSDP2: TRL's fused head, averaged
             logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
                 model, *prompt_completion(inputs), inputs["completion_ids"].size(1), compute_entropy=True,

@@ -21,7 +21,7 @@ from sharpgrpo.strategies import AdvantageStrategy, GenerationBatch
 from sharpgrpo.strategies.base import declared_columns
 from sharpgrpo.strategies.correctness import answer_verdicts, correct_completions
 from sharpgrpo.training.generation.capture import fit_width
-from sharpgrpo.training.generation.inputs import provided_inputs
+from sharpgrpo.training.generation.inputs import loss_mask, provided_inputs
 from sharpgrpo.training.telemetry.recorder import sequence_means
 
 
@@ -182,10 +182,7 @@ def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord
     def gather(tensor):
         return gather_rows(accelerator, tensor)
 
-    mask = output["completion_mask"]
-    if output.get("tool_mask") is not None:
-        mask = mask * output["tool_mask"]
-    mask, group_ids, advantages = gather(mask), gather(output["group_ids"]), gather(output["advantages"])
+    mask, group_ids, advantages = gather(loss_mask(output)), gather(output["group_ids"]), gather(output["advantages"])
     rewards = total_rewards(record.rewards_per_func, reward_weights).to(mask.device)
     correct = None
     if needs_correctness:

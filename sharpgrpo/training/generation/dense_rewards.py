@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.training.generation.inputs import register_generation_input
+from sharpgrpo.training.generation.inputs import loss_mask, register_generation_input
 
 DENSE_KINDS = ("per_token", "per_turn")
 DENSE_INPUTS = ("token_rewards", "reward_units")
@@ -96,46 +96,46 @@ def reward_collectors(trainer) -> list[tuple[DenseRewardCollector | None, float]
             for fn, weight in zip(trainer.reward_funcs, weights, strict=True)]
 
 
-def turn_index(loss_mask: torch.Tensor) -> torch.Tensor:
+def turn_index(mask: torch.Tensor) -> torch.Tensor:
     """The turn of each loss token: turns are the maximal runs of 1 in each row, numbered from 0; -1 off the mask.
     (B, T) -> (B, T) long."""
-    mask = loss_mask.long()
+    mask = mask.long()
     previous = torch.nn.functional.pad(mask[:, :-1], (1, 0))
     starts = (mask == 1) & (previous == 0)
     return torch.where(mask == 1, starts.long().cumsum(1) - 1, torch.full_like(mask, -1))
 
 
-def token_index(loss_mask: torch.Tensor) -> torch.Tensor:
+def token_index(mask: torch.Tensor) -> torch.Tensor:
     """The position of each loss token among its row's loss tokens; -1 off the mask. (B, T) -> (B, T) long."""
-    mask = loss_mask.long()
+    mask = mask.long()
     return torch.where(mask == 1, mask.cumsum(1) - 1, torch.full_like(mask, -1))
 
 
-def last_loss_token_at_or_before(loss_mask: torch.Tensor) -> torch.Tensor:
+def last_loss_token_at_or_before(mask: torch.Tensor) -> torch.Tensor:
     """For each position of a row, the last loss token at or before it (-1 where none). (T,) -> (T,) long."""
-    positions = torch.arange(loss_mask.size(0))
-    return torch.where(loss_mask.bool(), positions, -1).cummax(0).values
+    positions = torch.arange(mask.size(0))
+    return torch.where(mask.bool(), positions, -1).cummax(0).values
 
 
-def place_rewards(collectors: list[tuple[DenseRewardCollector | None, float]], loss_mask: torch.Tensor,
+def place_rewards(collectors: list[tuple[DenseRewardCollector | None, float]], mask: torch.Tensor,
                   dtype=torch.float64) -> torch.Tensor:
-    """The weighted rewards of every function placed on tokens (module docstring). loss_mask (B, T) -> (B, T)."""
-    turns = turn_index(loss_mask)
-    placed = torch.zeros(loss_mask.shape, dtype=dtype)
+    """The weighted rewards of every function placed on tokens (module docstring). mask (B, T) -> (B, T)."""
+    turns = turn_index(mask)
+    placed = torch.zeros(mask.shape, dtype=dtype)
     last = turns.max(dim=1).values
     for collector, weight in collectors:
         if collector is None:
             raise DenseRewardError("dense_returns places every reward function's rewards on tokens; a reward model or "
                                    "a Hub reward id cannot be placed: use Python reward functions with it.")
-        if len(collector.values) != loss_mask.size(0):
+        if len(collector.values) != mask.size(0):
             raise DenseRewardError(f"Reward function {collector.name!r} scored {len(collector.values)} completions "
-                                   f"of a batch of {loss_mask.size(0)}.")
+                                   f"of a batch of {mask.size(0)}.")
         for row, value in enumerate(collector.values):
             if value is None or last[row] < 0:
                 continue
             if collector.kind == "per_token" and isinstance(value, list):
                 width = min(len(value), placed.size(1))
-                owner = last_loss_token_at_or_before(loss_mask[row, :width])  # a tool token's reward: its turn's end
+                owner = last_loss_token_at_or_before(mask[row, :width])  # a tool token's reward: its turn's end
                 keep = owner >= 0
                 placed[row].index_add_(0, owner[keep], weight * torch.tensor(value[:width], dtype=dtype)[keep])
             elif collector.kind == "per_turn" and isinstance(value, list):
@@ -151,16 +151,11 @@ def place_rewards(collectors: list[tuple[DenseRewardCollector | None, float]], l
     return placed
 
 
-def _loss_mask(output: dict) -> torch.Tensor:
-    mask = output["completion_mask"]
-    return mask * output["tool_mask"] if output.get("tool_mask") is not None else mask
-
-
 @register_generation_input("token_rewards")
 def token_rewards_input(trainer):
     """Every reward function's weighted rewards placed on this process's completion tokens (module docstring)."""
     def provide(output: dict) -> torch.Tensor:
-        mask = _loss_mask(output)
+        mask = loss_mask(output)
         return place_rewards(reward_collectors(trainer), mask.cpu()).to(mask.device, torch.float32)
 
     return provide
@@ -172,7 +167,7 @@ def reward_units_input(trainer):
     by_token = getattr(trainer.args, "dense_returns_unit", "turn") == "token"
 
     def provide(output: dict) -> torch.Tensor:
-        mask = _loss_mask(output)
+        mask = loss_mask(output)
         return token_index(mask) if by_token else turn_index(mask)
 
     return provide

@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.training.generation.inputs import loss_mask
+
 DYNAMIC_SAMPLING_FILTERS = ("reward_std", "accuracy")  # or the name of a reward function of the run
 _SEED_MIX = (1_000_003, 7919)  # the draw's seed: seed + generation * 1_000_003 + round * 7919
 
@@ -347,8 +349,7 @@ class DynamicSampler:
         device = rounds[0].output["completion_ids"].device
         output = merge_outputs([(r.output, rows.to(device)) for r, rows in zip(rounds, mine, strict=True)],
                                self.pad_token_id)
-        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        output["num_items_in_batch"] = self._gather(loss_mask.sum().reshape(1)).sum()
+        output["num_items_in_batch"] = self._gather(loss_mask(output).sum().reshape(1)).sum()
         record = merge_records([r.record for r in rounds], mine, global_rows, inputs)
         select_logged_rows(self.logs, [r.logs for r in rounds], global_rows)
         return inputs, output, record

@@ -46,6 +46,13 @@ GENERATION_INPUTS: Registry[Callable[[Any], Callable[[dict[str, Any]], torch.Ten
 register_generation_input = GENERATION_INPUTS.register
 
 
+def loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+    """The tokens of a TRL generation output (or a micro-batch of it) that enter the loss: ``completion_mask``, times
+    ``tool_mask`` where tool or retrieval outputs sit inside the completions (B, T)."""
+    mask = batch["completion_mask"]
+    return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
+
+
 def input_providers(trainer, names: tuple[str, ...]) -> dict[str, Callable[[dict[str, Any]], torch.Tensor]]:
     """The providers of ``names`` for ``trainer``, each factory called once."""
     return {name: GENERATION_INPUTS.get(name)(trainer) for name in names}
