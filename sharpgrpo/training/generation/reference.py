@@ -19,10 +19,8 @@ def reference_scorer(trainer):
     from accelerate.utils import is_peft_model
 
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    if getattr(trainer, "ref_model", None) is not None:
-        return load_teacher("ref", trainer)
-    if is_peft_model(policy):
-        return load_teacher("base", trainer)
+    if getattr(trainer, "ref_model", None) is not None or is_peft_model(policy):
+        return load_teacher("ref", trainer)  # TRL's reference model, or a LoRA run's frozen base
     if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
         raise ValueError("kl_in_reward with beta=0 under DeepSpeed ZeRO or FSDP: set beta > 0 so that TRL loads (and "
                          "shards) the reference model, or train with LoRA.")
