@@ -370,6 +370,8 @@ class LifecycleCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.signal_received, self.stopped_by_signal = None, False
+        if self.trainer.accelerator.num_processes > 1:
+            settle_collectives_at_exit()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[sig] = signal.signal(sig, self._handle)
@@ -435,6 +437,31 @@ class LifecycleCallback(TrainerCallback):
 
     def restore_signal_handlers(self) -> None:
         self.on_train_end(None, None, None)
+
+
+def settle_collectives_at_exit() -> None:
+    """Let torch.distributed's worker threads drop the last collectives' tensors before Python finalizes (registered
+    once per process, by the first multi-process ``train()``).
+
+    A gloo collective's work object is destroyed on gloo's own thread just after the caller's ``wait()`` returns; its
+    tensors hold Python objects, so that thread takes the GIL to drop them. If the main thread reaches interpreter
+    finalization first, CPython ends the waiting thread, the unwind passes a ``noexcept`` destructor and the process
+    aborts with "terminate called without an active exception" (SIGABRT) although training finished and every file
+    was written: about one run in 25 of two CPU processes whose script ends right after ``train()`` (seen under gdb:
+    ``~AsyncAllgatherWork`` -> ``decref_pyobject`` -> ``take_gil`` -> ``PyThread_exit_thread``; pybind11 #3274
+    describes the class). An ``atexit`` hook runs before finalization starts; sleeping there releases the GIL to
+    the waiting thread.
+    """
+    global _SETTLE_REGISTERED
+    if not _SETTLE_REGISTERED:
+        import atexit
+        import time
+
+        atexit.register(time.sleep, 0.1)
+        _SETTLE_REGISTERED = True
+
+
+_SETTLE_REGISTERED = False
 
 
 def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False) -> str:
