@@ -365,6 +365,11 @@ class StrategyParams:
         1.0, "`sdpo`: A' = (1 - weight) A + weight * s_i d, TRL SDPOConfig.distillation_weight (1.0: "
         "self-distillation only, as SDPO's paper trains).", between(0, 1),
     )
+    sdpo_teacher: str = param(
+        "live", "`sdpo`: the self-teacher's weights: `live` (the current policy; TRL SDPOConfig.teacher_model_kind "
+        "'live') or `ema` (an exponential moving average of the policy, `teacher_ema_decay`: TRL's and the SDPO "
+        "authors' default, shared with `teacher_model: ema`). docs/methods.md §16.3.", one_of("live", "ema"),
+    )
     sdpo_success_threshold: float = param(
         1.0, "`sdpo`: a sibling whose reward reaches it is a demonstration (TRL success_reward_threshold: 1.0).",
         number(),

@@ -37,7 +37,7 @@ from sharpgrpo.training.generation.dynamic_sampling import dynamic_sampler, gene
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
 from sharpgrpo.training.generation.inputs import input_providers, loss_mask
 from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_logps_source, prompt_completion
-from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem
+from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem, zero3_enabled
 from sharpgrpo.training.generation.rank_agreement import RankFailures
 from sharpgrpo.training.generation.score_dump import dump_token_scores
 from sharpgrpo.training.generation.vllm_checks import check_vllm_request
@@ -199,8 +199,6 @@ class SharpGRPOTrainer(GRPOTrainer):
 
     def _policy(self) -> Policy:
         """The policy as the advantage strategies read it (`sharpgrpo.training.generation.policy_inputs`)."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        zero3 = self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
         truncation = sampling_truncation(self.top_p, self.top_k, self.min_p, self.args.generation_kwargs)
         usable = vllm_logps_problem(self.vllm_mode if self.use_vllm else None, truncation) is None
         if not getattr(self, "_old_logps_source_logged", False) and self._needs().old_logps:  # said once, by rank 0
@@ -210,7 +208,7 @@ class SharpGRPOTrainer(GRPOTrainer):
                 source = old_logps_source(self.use_vllm, self.vllm_mode, self._trl_computes_old_logps(), truncation,
                                           capture)
                 logger.warning(f"[sharpgrpo] old log-probabilities for the advantage strategies: {source}.")
-        return Policy(causal_lm(self.accelerator, self.model), zero3, self.temperature,
+        return Policy(causal_lm(self.accelerator, self.model), zero3_enabled(self.accelerator), self.temperature,
                       self.args.per_device_train_batch_size, self._sampling_logps, usable)
 
     def _sampling_logps(self, output: dict[str, Any]):

@@ -110,6 +110,29 @@ class _TeacherStrategy(AdvantageStrategy):
         super().__init__(args)
         self._scores: torch.Tensor | None = None
         self._columns: dict[str, torch.Tensor] = {}
+        self._teacher_state = None
+
+    def uses_ema_teacher(self) -> bool:
+        """The strategy's teacher is the EMA of the policy (``sharpgrpo.training.generation.teacher.EmaTeacher``)."""
+        return False
+
+    # With an EMA teacher the first strategy of the run that uses it carries its weights in its checkpoint state
+    # (handed over by ``sharpgrpo.training.generation.teacher.ema_teacher``), so a resumed run continues with the
+    # same teacher.
+    def keep_teacher_state(self, teacher) -> None:
+        """Carry ``teacher``'s ``state_dict()`` (tensors by name) in this strategy's checkpoint state."""
+        self._teacher_state = teacher
+
+    def state_dict(self) -> dict:
+        return {} if self._teacher_state is None else self._teacher_state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._teacher_state is not None:
+            self._teacher_state.load_state_dict(state)
+        elif state:
+            raise ValueError(f"The checkpoint holds an EMA teacher's weights for {self.registered_name()}, but this "
+                             "run's teacher is not the EMA: resume with teacher_model: ema (opd, iw_opd) or "
+                             "sdpo_teacher: ema (sdpo).")
 
     def token_scores(self) -> torch.Tensor | None:
         """The distillation term d of the last batch (B, T), for ``dump_token_scores``."""
@@ -127,27 +150,10 @@ class _TeacherStrategy(AdvantageStrategy):
 
 
 class _NamedTeacherStrategy(_TeacherStrategy):
-    """``opd``, ``iw_opd``: the teacher ``teacher_model`` names. With ``teacher_model: ema`` the first of them in the
-    run carries the EMA teacher's weights in its checkpoint state (handed over by the ``teacher_logps`` provider,
-    ``sharpgrpo.training.generation.teacher.ema_teacher``), so a resumed run continues with the same teacher."""
+    """``opd``, ``iw_opd``: the teacher ``teacher_model`` names."""
 
-    def __init__(self, args: Any):
-        super().__init__(args)
-        self._teacher_state = None
-
-    def keep_teacher_state(self, teacher) -> None:
-        """Carry ``teacher``'s ``state_dict()`` (tensors by name) in this strategy's checkpoint state."""
-        self._teacher_state = teacher
-
-    def state_dict(self) -> dict:
-        return {} if self._teacher_state is None else self._teacher_state.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        if self._teacher_state is not None:
-            self._teacher_state.load_state_dict(state)
-        elif state:
-            raise ValueError(f"The checkpoint holds an EMA teacher's weights for {self.registered_name()}, but "
-                             f"teacher_model is {self.args.teacher_model!r}: resume with teacher_model: ema.")
+    def uses_ema_teacher(self) -> bool:
+        return self.args.teacher_model == "ema"
 
 
 @register_strategy("opd")
@@ -217,7 +223,8 @@ class SelfDistillationStrategy(_TeacherStrategy):
     (TRL 1.16 ``trl.experimental.sdpo``, sampled-token mode; docs/methods.md §16.3)."""
 
     needs_inputs = ("self_teacher_logps",)
-    params = ("sdpo_weight", "sdpo_success_threshold", "sdpo_feedback", "sdpo_max_reprompt_length")
+    params = ("sdpo_weight", "sdpo_teacher", "teacher_ema_decay", "sdpo_success_threshold", "sdpo_feedback",
+              "sdpo_max_reprompt_length")
     metrics = ("sdpo/teacher_logp_mean", "sdpo/gap_mean", "sdpo/gap_abs_mean", "sdpo/reprompt_fraction")
     columns = {"teacher_logp": "the self-teacher's (the policy reprompted with a successful sibling or feedback) "
                "log-probability of the sampled token; NaN in completions without a self-teacher",
@@ -230,7 +237,10 @@ class SelfDistillationStrategy(_TeacherStrategy):
 
     @classmethod
     def check_config(cls, args: Any) -> None:
-        """No external teacher: the policy is its own teacher."""
+        """No external teacher: the policy (``sdpo_teacher: live``) or its EMA (``ema``) is its own teacher."""
+
+    def uses_ema_teacher(self) -> bool:
+        return self.args.sdpo_teacher == "ema"
 
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         teacher = batch.extras.get("self_teacher_logps")

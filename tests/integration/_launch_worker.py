@@ -38,7 +38,7 @@ from helpers import cpu_config, make_trainer  # tests/ is on PYTHONPATH under ac
 from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer  # noqa: E402
 
 # Strategy metrics compared across process counts (besides loss, grad_norm and reward).
-COMPARED_PREFIXES = ("cw/", "thr/", "nthr/", "token_weight/", "ar/", "entropy_shaping/", "gtpo/", "ktae/")
+COMPARED_PREFIXES = ("cw/", "thr/", "nthr/", "token_weight/", "ar/", "entropy_shaping/", "gtpo/", "ktae/", "opd/")
 
 
 class RowSeededTrainer(SharpGRPOTrainer):
@@ -176,9 +176,19 @@ def run_case(model_path: str, output_dir: str, trainer_class=RowSeededTrainer, *
             name: {key: value.tolist() if torch.is_tensor(value) else value for key, value in state.items()}
             for name, state in trainer.strategy_state().items()
         },
+        "teacher_numel": _local_and_whole_numel(getattr(trainer, "_teacher_engine", None)),
     }
     trainer.accelerator.wait_for_everyone()
     return result
+
+
+def _local_and_whole_numel(model) -> list[int] | None:
+    """[elements this process holds, elements of the whole model] of a prepared teacher (ZeRO-3: its partition)."""
+    if model is None:
+        return None
+    parameters = list(model.parameters())
+    local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in parameters)
+    return [local, sum(getattr(p, "ds_numel", p.numel()) for p in parameters)]
 
 
 def _whole(parameter: torch.Tensor) -> torch.Tensor:

@@ -185,16 +185,11 @@ def test_bad_teachers_are_refused_in_one_line(tiny_model_path, teacher_path, tmp
                      train_dataset=16)
 
 
-def test_sdpo_self_teacher_in_the_trainer(tiny_model_path, tmp_path):
-    """sdpo: the rows with a successful sibling get the policy's log-probabilities under the reprompt (a float64
-    forward of the policy on TRL's reprompt agrees), the others none (NaN); the advantage is s_i d."""
-    from helpers import binary_letters_reward
-
+def reprompted_row(trainer, output, batch):
+    """The first row with a self-teacher: (its index, the row as the self-teacher sees it: TRL's reprompt with the
+    successful sibling's completion, then the row's completion), after checking which rows have one."""
     from sharpgrpo.training.generation.teacher import self_teacher_prompts, successful_siblings
 
-    args = tiny_config(tmp_path, strategies=["sdpo"], temperature=0.8)
-    trainer = make_trainer(tiny_model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
-    output, batch = generation_batch(trainer)
     teacher = batch.extras["self_teacher_logps"]
     rows = torch.isfinite(teacher).all(dim=1)
     siblings = successful_siblings(batch.rewards, 8, 1.0, exclude_self=True)
@@ -210,9 +205,22 @@ def test_sdpo_self_teacher_in_the_trainer(tiny_model_path, tmp_path):
     else:
         prompt_ids = torch.tensor([tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                                  return_dict=True)["input_ids"]])
-    one = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids),
-           "completion_ids": output["completion_ids"][i : i + 1],
-           "completion_mask": output["completion_mask"][i : i + 1]}
+    return i, {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids),
+               "completion_ids": output["completion_ids"][i : i + 1],
+               "completion_mask": output["completion_mask"][i : i + 1]}
+
+
+def test_sdpo_self_teacher_in_the_trainer(tiny_model_path, tmp_path):
+    """sdpo: the rows with a successful sibling get the policy's log-probabilities under the reprompt (a float64
+    forward of the policy on TRL's reprompt agrees), the others none (NaN); the advantage is s_i d."""
+    from helpers import binary_letters_reward
+
+    args = tiny_config(tmp_path, strategies=["sdpo"], temperature=0.8)
+    trainer = make_trainer(tiny_model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
+    output, batch = generation_batch(trainer)
+    teacher = batch.extras["self_teacher_logps"]
+    rows = torch.isfinite(teacher).all(dim=1)
+    i, one = reprompted_row(trainer, output, batch)
     expected = forward_logps(trainer.model, one, 0.8)[0]
     mask = output["completion_mask"][i].bool()
     torch.testing.assert_close(teacher[i].double()[mask], expected[mask], atol=1e-5, rtol=1e-5)
@@ -235,3 +243,42 @@ def test_sdpo_trains_with_finite_metrics(tiny_model_path, tmp_path):
     for entry in logs:
         for key in ("sdpo/teacher_logp_mean", "sdpo/gap_abs_mean", "sdpo/reprompt_fraction"):
             assert math.isfinite(entry[key])
+
+
+@pytest.mark.slow
+def test_sdpo_ema_self_teacher(tiny_model_path, tmp_path):
+    """``sdpo_teacher: ema``: after two optimizer steps the self-teacher's log-probabilities are those of the policy's
+    exponential moving average (a float64 forward of the averaged weights on TRL's reprompt agrees; the live
+    policy's forward differs, so the test can tell), and ``sdpo`` carries the average in its checkpoint state."""
+    from helpers import binary_letters_reward
+
+    args = tiny_config(tmp_path, strategies=["sdpo"], sdpo_teacher="ema", teacher_ema_decay=0.5, learning_rate=1e-2,
+                       max_steps=2, temperature=0.8)
+    trainer = make_trainer(tiny_model_path, args, reward_funcs=[binary_letters_reward], train_dataset=16)
+    ema = trainer._ema_teacher
+    assert trainer.advantage_strategies[0]._teacher_state is ema
+    trainer.train()
+    output, batch = generation_batch(trainer)
+    i, one = reprompted_row(trainer, output, batch)
+    mask = output["completion_mask"][i].bool()
+    teacher = batch.extras["self_teacher_logps"][i].double()[mask]
+    averaged, live = forward_logps(ema.model, one, 0.8)[0][mask], forward_logps(trainer.model, one, 0.8)[0][mask]
+    torch.testing.assert_close(teacher, averaged, atol=1e-5, rtol=1e-5)
+    assert (live - averaged).abs().max() > 1e-3
+    state = trainer.strategy_state()["SelfDistillationStrategy"]
+    assert set(state) == {"teacher_ema." + name for name, _, _ in ema.pairs}
+
+
+def test_opd_and_sdpo_share_one_ema_teacher(tiny_model_path, tmp_path):
+    """``teacher_model: ema`` with ``sdpo_teacher: ema``: one copy of the policy, one update callback, carried by the
+    first of them in ``strategies``; ``sdpo_teacher: live`` makes no copy."""
+    from sharpgrpo.training.generation.teacher import EmaTeacherCallback
+
+    args = tiny_config(tmp_path / "both", strategies=["opd", "sdpo"], teacher_model="ema", sdpo_teacher="ema")
+    trainer = make_trainer(tiny_model_path, args, train_dataset=16)
+    opd, sdpo = trainer.advantage_strategies
+    assert opd._teacher_state is trainer._ema_teacher and sdpo._teacher_state is None
+    assert sum(isinstance(c, EmaTeacherCallback) for c in trainer.callback_handler.callbacks) == 1
+    live = make_trainer(tiny_model_path, tiny_config(tmp_path / "live", strategies=["sdpo"]), train_dataset=16)
+    assert getattr(live, "_ema_teacher", None) is None
+    assert not any(isinstance(c, EmaTeacherCallback) for c in live.callback_handler.callbacks)

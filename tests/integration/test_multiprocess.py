@@ -236,6 +236,29 @@ def test_deepspeed_zero_matches_one_process(tiny_model_path, tmp_path, one_proce
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_opd_teacher_sharded_under_zero3(tiny_model_path, tmp_path):
+    """``opd`` with a teacher named by path under ZeRO-3: the teacher is prepared as TRL prepares its reference model
+    (a DeepSpeed engine, partitioned: each process holds about half of its elements), its LM head gathered for the
+    scoring, and the two processes train as one process does (loss, grad norm, the opd metrics)."""
+    pytest.importorskip("deepspeed")
+    from sharpgrpo.models.tiny import build_tiny_model
+
+    teacher = str(build_tiny_model(tmp_path / "teacher" / "qwen2", seed=1))
+    case = dict(strategies="opd", teacher_model=teacher, opd_coef=0.5, max_steps=STEPS)
+    single = run_case(tiny_model_path, str(tmp_path / "single"), **case,
+                      per_device_train_batch_size=PER_DEVICE * NUM_PROCESSES)
+    (ranks,) = launch(tiny_model_path, tmp_path / "zero3", [dict(case, per_device_train_batch_size=PER_DEVICE)],
+                      "configs/accelerate/zero3.yaml")
+    assert ranks[0]["distributed_type"] == "DistributedType.DEEPSPEED"
+    assert_same_training(ranks[0], single)
+    assert any(abs(entry["opd/gap_mean"]) > 1e-3 for entry in single["log"])  # the teacher really differs
+    for rank in ranks:
+        local, whole = rank["teacher_numel"]
+        assert whole == single["teacher_numel"][1] and local < 0.6 * whole, rank["teacher_numel"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sharpness_probe_refused_under_zero3(tiny_model_path, tmp_path):
     """ZeRO-3 partitions every parameter: the sharpness probe (which perturbs and restores them in place outside the
     forward) is refused when the trainer is built, on every process, naming the field."""

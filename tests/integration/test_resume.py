@@ -72,9 +72,11 @@ def stateful_strategies() -> set[str]:
 
 
 # Each stateful strategy, composed where they compose (one weight strategy and loss strategies): one pair of runs.
-# opd / iw_opd keep state with teacher_model: ema (the EMA teacher's weights, carried by the first of them).
-EVERY_STATE = ["random", "clip_cov", "opd", "iw_opd"]
-STATE_SETTINGS = {"teacher_model": "ema", "teacher_ema_decay": 0.5}
+# opd / iw_opd keep state with teacher_model: ema, sdpo with sdpo_teacher: ema (the EMA teacher's weights, one copy,
+# carried by the first of them: run once with each holder first).
+EVERY_STATE = ["random", "clip_cov", "opd", "iw_opd", "sdpo"]
+STATE_SETTINGS = {"teacher_model": "ema", "sdpo_teacher": "ema", "teacher_ema_decay": 0.5}
+HOLDERS = {"opd": "OnPolicyDistillationStrategy", "sdpo": "SelfDistillationStrategy"}
 
 
 def test_every_stateful_strategy_is_resumed_here():
@@ -108,11 +110,14 @@ def _state(trainer) -> dict:
     }
 
 
-def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_in_every_piece_of_state(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_in_every_piece_of_state(tiny_model_path, tmp_path,
+                                                                                          holder):
     """The run is cut after checkpoint-2 (a second trainer resumes from that folder, which is what a run killed
     after saving it leaves) and must end where the uninterrupted run ends: the same losses at steps 3-4, bit-equal
-    weights and Adam moments, the same generator states of every stateful strategy and the same generation count."""
-    strategies = ",".join(EVERY_STATE)
+    weights and Adam moments, the same generator states of every stateful strategy and the same generation count.
+    ``holder``: the EMA teacher's user listed first (it carries the average)."""
+    strategies = ",".join(sorted(EVERY_STATE, key=lambda name: name != holder))
     full = _state(_train(tiny_model_path, tmp_path / "full", strategies=strategies, **STATE_SETTINGS))
     checkpoint = tmp_path / "full" / "checkpoint-2"
     resumed = _state(_train(tiny_model_path, tmp_path / "resumed", resume_from=str(checkpoint), strategies=strategies,
@@ -127,6 +132,7 @@ def test_an_interrupted_and_resumed_run_equals_the_uninterrupted_one_in_every_pi
     for key, tensor in full["optimizer"].items():
         torch.testing.assert_close(resumed["optimizer"][key], tensor, rtol=0, atol=1e-7, msg=str(key))
     assert set(resumed["strategies"]) == set(full["strategies"]) and resumed["strategies"] == full["strategies"]
+    assert [name for name in HOLDERS.values() if full["strategies"][name]] == [HOLDERS[holder]]
     assert resumed["generation_count"] == full["generation_count"]
     # Without the strategy state the resume is refused naming the file (no silent fresh generators).
     from sharpgrpo.run.lifecycle import CheckpointError, resolve_resume_checkpoint

@@ -28,6 +28,13 @@ def prompt_completion(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor
     return input_ids, attention_mask
 
 
+def zero3_enabled(accelerator) -> bool:
+    """Parameters are partitioned by DeepSpeed ZeRO-3 (a parameter read outside its module's forward must be
+    gathered: :func:`full_unembedding`)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return accelerator.distributed_type == "DEEPSPEED" and plugin is not None and plugin.zero_stage == 3
+
+
 def causal_lm(accelerator, model):
     """The bare causal LM under accelerate's wrappers and a peft adapter."""
     model = accelerator.unwrap_model(model)

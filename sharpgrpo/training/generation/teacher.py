@@ -12,9 +12,15 @@ log-probabilities of the sampled completions, the generation input ``teacher_log
   trl/trainer/callbacks.py L130-132, ``teacher_update_rate`` = 1 - decay = 0.05 by default, sdpo_config.py L549-552).
   A copy of the policy (a LoRA run: of the whole PEFT model, only the adapter's weights averaged), updated by a
   ``TrainerCallback`` this module registers; its weights travel in the checkpoint's strategy state (the first
-  strategy that reads ``teacher_logps`` carries them) and are restored on resume. Refused under ZeRO-3 / FSDP, where
-  the policy's weights are sharded;
-* a local path or Hub name: a model loaded once, frozen, on the policy's device and dtype.
+  strategy that uses it carries them) and are restored on resume. Refused under ZeRO-3 / FSDP, where the policy's
+  weights are sharded. ``sdpo_teacher: ema`` makes the same average SDPO's self-teacher (one copy when both ask);
+* a local path or Hub name: a model loaded once, frozen, on the policy's device and dtype, and prepared as TRL
+  prepares its reference model (``GRPOTrainer.__init__``: ``prepare_deepspeed`` under DeepSpeed, which shards it
+  under ZeRO-3 as the policy is, ``prepare_fsdp`` under FSDP).
+
+Under ZeRO-3 the teacher's LM head (or, for ``base`` / ``ref``, the policy's or the reference's) is gathered for
+the scoring as the policy's is for the strategies that read it (``policy_inputs.full_unembedding``), on every process
+together.
 
 A teacher must share the policy's tokenizer (the gap compares log-probabilities of the same token ids): a different
 vocabulary is refused naming both; a name that does not load, or a kind the run cannot provide (``base`` without
@@ -23,14 +29,15 @@ first step. The teacher scores prompt + completion at the sampling temperature (
 divide the teacher's logits by it), from its last hidden states through its LM head in vocabulary slices
 (``capture.logps_from_hidden_states``: no (B, T, V) tensor). ``ref`` reuses the reference log-probabilities TRL
 computed for its KL term where it did (``beta`` > 0), so the reference runs one forward per batch, not two
-(:func:`reference_logps_first`). Not done: a teacher sharded under ZeRO-3 / FSDP2 (an EMA teacher there), and an EMA
-of a LoRA adapter kept as a second adapter (TRL's PEFTAdapterEMACallback: here the copy holds the frozen base too).
+(:func:`reference_logps_first`). Not done: an EMA teacher under ZeRO-3 / FSDP2 (refused), and an EMA of a LoRA adapter
+kept as a second adapter (TRL's PEFTAdapterEMACallback: here the copy holds the frozen base too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,7 +45,7 @@ from transformers import TrainerCallback
 
 from sharpgrpo.training.generation.capture import logps_from_hidden_states
 from sharpgrpo.training.generation.inputs import register_generation_input
-from sharpgrpo.training.generation.policy_inputs import completion_hidden_states, full_unembedding
+from sharpgrpo.training.generation.policy_inputs import completion_hidden_states, full_unembedding, zero3_enabled
 
 TEACHER_KINDS = ("ref", "base", "ema")  # besides a path or Hub name
 
@@ -57,16 +64,18 @@ def tokenizer_difference(teacher_tokenizer, policy_tokenizer) -> str | None:
 class Teacher:
     """A frozen causal LM scoring completions: ``logps(output)`` -> (B, T) log-probabilities of the completion tokens
     under softmax(logits / temperature), with ``context()`` entered around the forward (e.g. a LoRA adapter
-    disabled)."""
+    disabled); ``zero3``: its parameters are partitioned by ZeRO-3 (the head is gathered, on every process)."""
 
-    def __init__(self, lm, temperature: float, rows_per_chunk: int, context=contextlib.nullcontext):
+    def __init__(self, lm, temperature: float, rows_per_chunk: int, context=contextlib.nullcontext,
+                 zero3: bool = False):
         self.lm, self.temperature, self.rows_per_chunk, self.context = lm, temperature, rows_per_chunk, context
+        self.zero3 = zero3
 
     @torch.no_grad()
     def logps(self, output: dict[str, Any]) -> torch.Tensor:
         with self.context():
             hidden = completion_hidden_states(self.lm, output, self.rows_per_chunk)
-            with full_unembedding(self.lm, zero3=False) as (weight, bias):
+            with full_unembedding(self.lm, zero3=self.zero3) as (weight, bias):
                 return logps_from_hidden_states(hidden, output["completion_ids"], weight, bias, self.temperature,
                                                 self.rows_per_chunk)
 
@@ -74,7 +83,10 @@ class Teacher:
 class EmaTeacher:
     """An exponential moving average of the policy's trained weights (module docstring, ``ema``).
 
-    ``model``: a frozen copy of the policy made when the trainer is built (theta_T = theta_0); ``update()`` sets
+    ``model``: a frozen copy of the policy made when the trainer is built (theta_T = theta_0), without the forwards
+    patched onto the policy's instances (TRL's fused LM head, ``trl.trainer.utils.add_fused_lm_head``, replaces
+    ``model.forward`` by a closure over the policy's own bound forward: a deep copy keeps that closure, so the copy's
+    ``model(...)`` would compute with the policy's weights); ``update()`` sets
     theta_T <- decay * theta_T + (1 - decay) * theta for every parameter the policy trains (``requires_grad``), in
     the policy's dtype, as TRL's ``_sync_target_model`` does (``target.mul_(1 - alpha).add_(theta, alpha=alpha)``,
     alpha = 1 - decay). ``state_dict()`` / ``load_state_dict()``: the averaged weights, by parameter name, for the
@@ -85,6 +97,10 @@ class EmaTeacher:
     def __init__(self, policy, decay: float):
         self.policy, self.decay = policy, float(decay)
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        copied = {id(module) for module in self.model.modules()}
+        for module in self.model.modules():  # a forward patched onto the policy's instance would run the policy
+            if _closes_over_another_module(vars(module).get("forward"), copied):
+                del module.forward  # back to the class's forward, on the copy's own weights
         averaged = dict(self.model.named_parameters())
         self.pairs = [(name, averaged[name], parameter) for name, parameter in policy.named_parameters()
                       if parameter.requires_grad]
@@ -111,6 +127,17 @@ class EmaTeacher:
             averaged.copy_(state[self.PREFIX + name].to(averaged.device, averaged.dtype))
 
 
+def _closes_over_another_module(function, modules: set[int]) -> bool:
+    """``function`` (an instance's patched ``forward``, or None) holds in its closure a module, or a method of a
+    module, whose id is not in ``modules``."""
+    cells = getattr(getattr(function, "__func__", function), "__closure__", None) or ()
+    for cell in cells:
+        target = getattr(cell.cell_contents, "__self__", cell.cell_contents)
+        if isinstance(target, torch.nn.Module) and id(target) not in modules:
+            return True
+    return False
+
+
 class EmaTeacherCallback(TrainerCallback):
     """Updates the EMA teacher after every optimizer step (``on_step_end``: after the step, before a checkpoint is
     saved, so the checkpoint holds the average of the weights it holds)."""
@@ -124,18 +151,23 @@ class EmaTeacherCallback(TrainerCallback):
 
 
 def ema_teacher(trainer) -> EmaTeacher:
-    """The EMA teacher of ``trainer``'s policy, its callback registered and its weights handed to the checkpoint's
-    strategy state (the first advantage strategy that reads ``teacher_logps``: ``keep_teacher_state``)."""
+    """The EMA teacher of ``trainer``'s policy, made once per trainer and shared by every strategy that uses it
+    (``teacher_model: ema``, ``sdpo_teacher: ema``): its callback registered and its weights handed to the checkpoint's
+    strategy state of the first advantage strategy that uses it (``keep_teacher_state``)."""
+    if getattr(trainer, "_ema_teacher", None) is not None:
+        return trainer._ema_teacher
     plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
     if (plugin is not None and plugin.zero_stage == 3) or getattr(trainer, "is_fsdp_enabled", False):
-        raise ValueError("teacher_model='ema' is not supported under ZeRO-3 / FSDP (the policy's weights are "
-                         "sharded, a copy of them would be empty shards); name a teacher's path, `ref` or `base`.")
+        raise ValueError("An EMA teacher (teacher_model: ema, sdpo_teacher: ema) is not supported under ZeRO-3 / FSDP "
+                         "(the policy's weights are sharded, a copy of them would be empty shards); name a teacher's "
+                         "path, `ref` or `base` (opd, iw_opd), or use sdpo_teacher: live.")
     ema = EmaTeacher(trainer.accelerator.unwrap_model(trainer.model), trainer.args.teacher_ema_decay)
     trainer.add_callback(EmaTeacherCallback(ema))
-    holder = next((s for s in trainer.strategies.advantage if "teacher_logps" in getattr(s, "needs_inputs", ())
-                   and hasattr(s, "keep_teacher_state")), None)
+    holder = next((s for s in trainer.strategies.advantage
+                   if hasattr(s, "uses_ema_teacher") and s.uses_ema_teacher()), None)
     if holder is not None:
         holder.keep_teacher_state(ema)
+    trainer._ema_teacher = ema
     return ema
 
 
@@ -148,18 +180,36 @@ def load_teacher(name: str, trainer) -> Teacher:
     from accelerate.utils import is_peft_model
 
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    rows = trainer.args.per_device_train_batch_size
+    scorer = partial(Teacher, temperature=trainer.temperature, rows_per_chunk=trainer.args.per_device_train_batch_size,
+                     zero3=zero3_enabled(trainer.accelerator))
     lora = is_peft_model(policy)
     if name == "base" or (name == "ref" and getattr(trainer, "ref_model", None) is None):
         if not lora:
             need = "a LoRA run (peft_config)" if name == "base" else "beta > 0 (TRL loads a reference model only then)"
             raise ValueError(f"teacher_model={name!r} needs {need}; name the teacher's path or Hub name instead.")
-        return Teacher(_bare(policy), trainer.temperature, rows, context=policy.disable_adapter)
+        return scorer(_bare(policy), context=policy.disable_adapter)
     if name == "ref":
-        return Teacher(_bare(trainer.accelerator.unwrap_model(trainer.ref_model)), trainer.temperature, rows)
+        return scorer(_bare(trainer.accelerator.unwrap_model(trainer.ref_model)))
     if name == "ema":
-        return Teacher(_bare(ema_teacher(trainer).model), trainer.temperature, rows)
-    return Teacher(_bare(load_named_teacher(name, policy, trainer.processing_class)), trainer.temperature, rows)
+        return scorer(_bare(ema_teacher(trainer).model))
+    teacher = prepared_like_reference(load_named_teacher(name, policy, trainer.processing_class), trainer)
+    return scorer(_bare(trainer.accelerator.unwrap_model(teacher)))
+
+
+def prepared_like_reference(model, trainer):
+    """``model`` prepared as TRL 1.16 prepares its reference model (``GRPOTrainer.__init__``, grpo_trainer.py
+    L1182-1187): a DeepSpeed inference engine under DeepSpeed (sharded under ZeRO-3), FSDP-wrapped under FSDP,
+    otherwise accelerate's evaluation-mode preparation. The engine is kept on the trainer (``_teacher_engine``)."""
+    from trl.models import prepare_deepspeed, prepare_fsdp
+
+    if trainer.is_deepspeed_enabled:
+        prepared = prepare_deepspeed(model, trainer.accelerator)
+    elif trainer.is_fsdp_enabled:
+        prepared = prepare_fsdp(model, trainer.accelerator)
+    else:
+        prepared = trainer.accelerator.prepare_model(model, evaluation_mode=True)
+    trainer._teacher_engine = prepared
+    return prepared
 
 
 def load_named_teacher(name: str, policy, policy_tokenizer):
@@ -266,9 +316,10 @@ def successful_siblings(rewards: torch.Tensor, num_generations: int, threshold: 
 
 @register_generation_input("self_teacher_logps")
 def self_teacher_logps(trainer):
-    """Generation input ``self_teacher_logps`` (SDPO): the policy's own log-probabilities of each sampled completion
-    conditioned on a reprompt holding a successful sibling's completion (and the row's ``privileged_context``
-    feedback with ``sdpo_feedback``); NaN on the rows that have neither (no self-teacher)."""
+    """Generation input ``self_teacher_logps`` (SDPO): the policy's own log-probabilities (``sdpo_teacher: live``), or
+    its EMA's (``ema``), of each sampled completion conditioned on a reprompt holding a successful sibling's completion
+    (and the row's ``privileged_context`` feedback with ``sdpo_feedback``); NaN on the rows that have neither (no
+    self-teacher)."""
     from accelerate.utils import gather_object
 
     from sharpgrpo.training.generation.advantage_pipeline import gather_rows, total_rewards
@@ -276,6 +327,7 @@ def self_teacher_logps(trainer):
 
     args, accelerator = trainer.args, trainer.accelerator
     tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    ema = ema_teacher(trainer) if args.sdpo_teacher == "ema" else None  # made (or refused) when the trainer is built
 
     def tokenize(prompts: list) -> list[list[int]]:
         if isinstance(prompts[0], list):
@@ -308,8 +360,8 @@ def self_teacher_logps(trainer):
         prompt_mask = torch.stack([torch.cat([torch.zeros(width - len(p)), torch.ones(len(p))]) for p in ids])
         teacher_output = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask.long().to(device),
                           "completion_ids": output["completion_ids"], "completion_mask": output["completion_mask"]}
-        teacher = Teacher(causal_lm(accelerator, trainer.model), trainer.temperature,
-                          args.per_device_train_batch_size)
+        lm = causal_lm(accelerator, trainer.model) if ema is None else _bare(ema.model)
+        teacher = Teacher(lm, trainer.temperature, args.per_device_train_batch_size, zero3=zero3_enabled(accelerator))
         logps = teacher.logps(teacher_output)
         has_teacher = torch.tensor([d is not None or f is not None for d, f in zip(demonstrations, feedback)],
                                    device=logps.device)
