@@ -30,6 +30,7 @@ Pure tensor code; the teacher's log-probabilities come from the generation input
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -254,6 +255,18 @@ class SelfDistillationStrategy(_TeacherStrategy):
         self._scores = gap
         metrics = self._teacher_metrics("sdpo", teacher, gap, mask)
         metrics["sdpo/reprompt_fraction"] = float(rows.float().mean())
+        if not rows.any() and not getattr(self, "_warned_no_teacher", False):
+            self._warned_no_teacher = True
+            weight = self.args.sdpo_weight
+            consequence = ("its advantage is 0 everywhere (sdpo_weight=1): the batch teaches nothing" if weight == 1
+                           else f"only (1 - sdpo_weight) A = {1 - weight:g} A trains")
+            warnings.warn(
+                f"sdpo: no completion of this batch has a successful sibling (reward >= sdpo_success_threshold="
+                f"{self.args.sdpo_success_threshold:g}) or feedback, so none has a self-teacher and {consequence}. "
+                "Set sdpo_success_threshold to a reward the task reaches, or sdpo_weight < 1 to keep GRPO's advantage "
+                "(sdpo/reprompt_fraction logs the share with a self-teacher; warned once).",
+                stacklevel=2,
+            )
         advantages = sdpo_advantages(batch.advantages.float(), gap, rows, self.args.sdpo_weight)
         self._columns = {"teacher_logp": raw_teacher, "term": self.args.sdpo_weight * gap * rows[:, None].float()}
         return advantages.to(batch.advantages.dtype), metrics

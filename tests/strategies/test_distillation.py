@@ -286,3 +286,35 @@ def test_self_teacher_prompts_match_trls_released_context_builder(conversational
         for row, expected in enumerate(ids):
             trl_prompt = built["teacher_input_ids"][row, :width][built["teacher_attention_mask"][row, :width].bool()]
             assert trl_prompt.tolist() == expected
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.5])
+def test_sdpo_batch_without_a_self_teacher_is_said_once(weight):
+    """A batch where no completion has a successful sibling (or feedback) gives sdpo nothing to distil: with
+    sdpo_weight 1 its advantage is then 0 everywhere. That is said (once, naming the threshold), not silent; a batch
+    with a self-teacher says nothing."""
+    import warnings
+
+    from sharpgrpo.strategies import STRATEGIES
+    from sharpgrpo.strategies.base import GenerationBatch
+
+    _, _, ids, mask, advantages = shared_batch(0)
+    args = SimpleNamespace(sdpo_weight=weight, sdpo_success_threshold=0.9, sdpo_teacher="live")
+
+    def batch(teacher):
+        return GenerationBatch(old_logps=torch.zeros_like(mask), completion_mask=mask, completion_ids=ids,
+                               advantages=advantages[:, None].expand_as(mask).clone(), rewards=advantages,
+                               group_ids=torch.zeros(4, dtype=torch.long), num_generations=4,
+                               extras={"self_teacher_logps": teacher})
+
+    sdpo = STRATEGIES.get("sdpo")(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sdpo.token_advantages(batch(torch.full_like(mask, -1.0)))  # every row has a self-teacher
+        assert not caught
+        got, metrics = sdpo.token_advantages(batch(torch.full_like(mask, float("nan"))))
+        sdpo.token_advantages(batch(torch.full_like(mask, float("nan"))))
+    assert metrics["sdpo/reprompt_fraction"] == 0.0
+    assert len(caught) == 1 and "sdpo_success_threshold=0.9" in str(caught[0].message)
+    assert ("teaches nothing" in str(caught[0].message)) == (weight == 1.0)
+    torch.testing.assert_close(got, (1 - weight) * advantages[:, None].expand_as(mask))
