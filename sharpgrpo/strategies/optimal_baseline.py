@@ -50,40 +50,49 @@ ALIGNMENTS = ("position", "token")
 @torch.no_grad()
 def sum_p_squared(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
                   rows_per_chunk: int = 8, vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
-                  exclude_ids: torch.Tensor | None = None) -> torch.Tensor:
+                  exclude_ids: torch.Tensor | None = None, chunk_size: int = 512) -> torch.Tensor:
     """sum_v p(v)^2 of p = softmax((h W^T + b) / T) at every position, or with ``exclude_ids`` (B, L) the sum over
     v != exclude_ids[b, l] only. Shapes: hidden (B, L, H), weight (V, H), bias (V,) or None -> (B, L) float32.
 
     Streams over vocabulary tiles keeping, per position, the running maximum m, s = sum exp(z - m) and
-    q = sum exp(2 (z - m)); then sum p^2 = q / s^2 (TRL's fused head: log q - 2 log s). At most
-    ``rows_per_chunk * L * vocab_chunk`` logits are alive at a time."""
+    q = sum exp(2 (z - m)); then sum p^2 = q / s^2 (TRL's fused head: log q - 2 log s). The N tokens of
+    ``rows_per_chunk`` rows are scored against at most ``vocab_chunk`` vocabulary entries at a time, fewer where the
+    (N, w) tile would hold more than ``chunk_size * V`` logits (``capture.vocab_slice_width``, the sampling
+    log-probabilities' rule): the peak does not grow with L. The excluded token's square is zeroed in place
+    before the sum (an index, not an (N, w) mask), so a tile has two (N, w) temporaries."""
     if rows_per_chunk < 1 or vocab_chunk < 1:
         raise ValueError(f"rows_per_chunk and vocab_chunk must be >= 1, got {rows_per_chunk}, {vocab_chunk}")
-    out = torch.empty(hidden.shape[:2], dtype=torch.float32, device=hidden.device)
-    for start in range(0, hidden.shape[0], rows_per_chunk):
-        rows = hidden[start : start + rows_per_chunk].to(weight.dtype)
+    from sharpgrpo.training.generation.capture import vocab_slice_width
+
+    rows, length, size = hidden.shape
+    vocab_size = weight.shape[0]
+    out = torch.empty((rows, length), dtype=torch.float32, device=hidden.device)
+    for start in range(0, rows, rows_per_chunk):
+        h = hidden[start : start + rows_per_chunk].reshape(-1, size).to(weight.dtype)
+        ids = None if exclude_ids is None else exclude_ids[start : start + rows_per_chunk].reshape(-1).to(h.device)
+        width = min(vocab_chunk, vocab_slice_width(h.shape[0], vocab_size, chunk_size))
         m = s = q = None
-        for v0 in range(0, weight.shape[0], vocab_chunk):
-            chunk_bias = None if bias is None else bias[v0 : v0 + vocab_chunk]
-            logits = torch.nn.functional.linear(rows, weight[v0 : v0 + vocab_chunk], chunk_bias).float()
+        for v0 in range(0, vocab_size, width):
+            chunk_bias = None if bias is None else bias[v0 : v0 + width]
+            logits = torch.nn.functional.linear(h, weight[v0 : v0 + width], chunk_bias).float()
             if temperature != 1.0:
-                logits = logits / temperature
-            chunk_max = logits.amax(dim=-1)
-            new_m = chunk_max if m is None else torch.maximum(m, chunk_max)
-            shifted = logits - new_m.unsqueeze(-1)
-            squares = (2 * shifted).exp()
-            if exclude_ids is not None:
-                ids = exclude_ids[start : start + rows_per_chunk, :, None] - v0
-                vocab = torch.arange(logits.shape[-1], device=logits.device)
-                squares = squares.masked_fill(vocab == ids, 0.0)
-            chunk_s, chunk_q = shifted.exp().sum(-1), squares.sum(-1)
+                logits /= temperature
+            new_m = logits.amax(dim=-1) if m is None else torch.maximum(m, logits.amax(dim=-1))
+            logits -= new_m.unsqueeze(-1)  # z - m', in place
+            squares = torch.exp(2 * logits)
+            if ids is not None:  # the excluded token's square set to 0 where it falls in this tile (not subtracted
+                hit = ((ids >= v0) & (ids < v0 + logits.shape[-1])).nonzero().flatten()  # later: no cancellation
+                squares[hit, ids[hit] - v0] = 0.0  # where p(y) is near 1)
+            chunk_q = squares.sum(-1)
+            del squares
+            chunk_s = logits.exp_().sum(-1)
             if m is None:
                 s, q = chunk_s, chunk_q
             else:
                 scale = torch.exp(m - new_m)
                 s, q = s * scale + chunk_s, q * scale * scale + chunk_q
             m = new_m
-        out[start : start + rows_per_chunk] = q / (s * s)
+        out[start : start + rows_per_chunk] = (q / (s * s)).view(-1, length)
     return out
 
 

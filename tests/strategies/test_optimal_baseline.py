@@ -339,3 +339,29 @@ def test_strategy_reads_the_head_statistic(cls, align):
     assert set(metrics) == {f"{prefix}/proxy2_total_power", f"{prefix}/proxy2_total_power_input",
                             f"{prefix}/expected_a_squared", f"{prefix}/expected_w", f"{prefix}/baseline_mean"}
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_sum_p_squared_tiles_stay_bounded_at_long_context(monkeypatch):
+    """At long L the vocabulary tile narrows so that a tile holds at most chunk_size * V logits (the sampling
+    log-probabilities' rule, capture.vocab_slice_width), whatever vocab_chunk says; the result is unchanged."""
+    B, L, H, V = 2, 600, 8, 700
+    g = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(B, L, H, generator=g), torch.randn(V, H, generator=g)
+    ids = torch.randint(0, V, (B, L), generator=g)
+    wide = sum_p_squared(hidden, weight, None, 1.0, rows_per_chunk=2, vocab_chunk=V, exclude_ids=ids)
+    tiles = []
+    linear = torch.nn.functional.linear
+
+    def spy(x, w, b=None):
+        out = linear(x, w, b)
+        tiles.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    narrow = sum_p_squared(hidden, weight, None, 1.0, rows_per_chunk=2, vocab_chunk=V, exclude_ids=ids,
+                           chunk_size=100)
+    assert max(tiles) <= 100 * V < B * L * V and len(tiles) > 1
+    torch.testing.assert_close(narrow, wide, atol=1e-6, rtol=1e-5)
+    probs = torch.softmax(hidden.double() @ weight.double().T, dim=-1)
+    p_y = probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(narrow.double(), (probs**2).sum(-1) - p_y**2, atol=1e-6, rtol=1e-5)
