@@ -8,7 +8,11 @@ Compares, for B rows of L tokens, vocabulary V and hidden size H (fp32, no grad)
   ``GRPOTrainer._get_per_token_logps_and_entropies`` runs through ``fused_lm_head=True``), with TRL's vocabulary
   chunk ``_CHUNKED_LOGPROB_CHUNK_SIZE`` (32768) and 4096-token tiles;
 * the previous fallback, ``rows_per_chunk x L x V`` fp32 logits, is given by arithmetic (it is not run: 20 GB at
-  8 x 4096 x 151,936).
+  8 x 4096 x 151,936);
+* ``otb``: the optimal token baseline's statistic sum_{v != y} p(v)^2
+  (``sharpgrpo.strategies.optimal_baseline.sum_p_squared`` with the strategy's defaults: 8 rows x 8192 vocabulary
+  entries per tile, ``exclude_ids`` the sampled tokens), against ``trl_otb``: TRL's fused head asked for the same
+  statistic (``outputs=("log_sum_sq_probs",)``, then minus p(y)^2).
 
 Each method runs in a fresh process; the peak is the growth of the process's peak resident set (``ru_maxrss``)
 over its value just before the call, so it counts the call's temporaries, not the inputs. Also checks that the two
@@ -16,6 +20,7 @@ give the same log-probabilities (max abs difference).
 
     OMP_NUM_THREADS=1 python benchmarks/logps_fallback_bench.py                 # L=4096 V=151936 H=64 B=1
     OMP_NUM_THREADS=1 python benchmarks/logps_fallback_bench.py --rows 2 --hidden 128
+    OMP_NUM_THREADS=1 python benchmarks/logps_fallback_bench.py --rows 8 --otb      # with OTB's statistic
 """
 
 from __future__ import annotations
@@ -46,12 +51,20 @@ def run_one(method: str, rows: int, length: int, vocab: int, hidden_size: int, c
             from sharpgrpo.training.generation.capture import logps_from_hidden_states
 
             out = logps_from_hidden_states(hidden, ids, weight, None, 1.0, rows_per_chunk=8, chunk_size=chunk_size)
+        elif method == "otb":
+            from sharpgrpo.strategies.optimal_baseline import sum_p_squared
+
+            out = sum_p_squared(hidden, weight, None, 1.0, rows_per_chunk=8, exclude_ids=ids)
         else:
             from trl.kernels.chunked_logprob import ChunkedLogProbFunction
             from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-            out = ChunkedLogProbFunction.apply(hidden.reshape(-1, hidden_size), weight, None, ids.reshape(-1), 1.0,
-                                               _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ())[0].view(rows, length)
+            outputs = ("log_sum_sq_probs",) if method == "trl_otb" else ()
+            logps, _, log_sum_sq, *_ = ChunkedLogProbFunction.apply(
+                hidden.reshape(-1, hidden_size), weight, None, ids.reshape(-1), 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE,
+                None, 1.0, outputs)
+            out = logps if method == "trl" else log_sum_sq.exp() - (2 * logps).exp()
+            out = out.view(rows, length)
     seconds = time.process_time() - start
     return {"method": method, "peak_mib": peak_mib() - before, "cpu_s": seconds, "sum": float(out.double().sum()),
             "first": out[0, :8].tolist()}
@@ -64,6 +77,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--chunk-size", type=int, default=512)
+    parser.add_argument("--otb", action="store_true", help="also OTB's statistic (methods otb and trl_otb)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     cli = parser.parse_args()
     shape = (cli.rows, cli.length, cli.vocab, cli.hidden, cli.chunk_size)
@@ -71,7 +85,7 @@ def main() -> None:
         print(json.dumps(run_one(cli.one, *shape)))
         return
     results = []
-    for method in ("sharpgrpo", "trl"):
+    for method in ("sharpgrpo", "trl", *(("otb", "trl_otb") if cli.otb else ())):
         command = [sys.executable, __file__, "--one", method, "--rows", str(cli.rows), "--length", str(cli.length),
                    "--vocab", str(cli.vocab), "--hidden", str(cli.hidden), "--chunk-size", str(cli.chunk_size)]
         results.append(json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout))
@@ -84,6 +98,9 @@ def main() -> None:
     print(f"| previous fallback (8 rows x L x V fp32 logits, arithmetic) | {full:.0f} MiB | - |")
     print(f"sum of log-probabilities: sharpgrpo {results[0]['sum']:.6f}, trl {results[1]['sum']:.6f}; "
           f"first tokens {results[0]['first'][:3]} vs {results[1]['first'][:3]}")
+    if cli.otb:
+        print(f"sum of sum_(v != y) p(v)^2: otb {results[2]['sum']:.9f}, trl_otb {results[3]['sum']:.9f}; "
+              f"first tokens {results[2]['first'][:3]} vs {results[3]['first'][:3]}")
 
 
 if __name__ == "__main__":

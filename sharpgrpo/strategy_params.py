@@ -325,8 +325,9 @@ class StrategyParams:
         "second-longest length on (verl's handle_zero_tail, default True).", one_of(False, True),
     )
     otb_vocab_chunk: int = param(
-        8192, "`otb`, `tir_otb`: vocabulary entries per LM-head tile when sum_v p(v)^2 is computed (memory knob; the "
-        "result does not depend on it beyond rounding).", integer(1),
+        8192, "`otb`, `tir_otb`: at most this many vocabulary entries per LM-head tile when sum_v p(v)^2 is computed "
+        "(fewer at long context, where a tile holds at most 512 tokens' worth of logits; memory knob: the result does "
+        "not depend on it beyond rounding).", integer(1),
     )
     # Distillation from a teacher (docs/methods.md §16).
     teacher_model: str | None = param(  # any path or Hub name: loaded and checked when the trainer is built
