@@ -183,6 +183,20 @@ def test_bad_teachers_are_refused_in_one_line(tiny_model_path, teacher_path, tmp
     with pytest.raises(ValueError, match="teacher_model='base' needs a LoRA run"):
         make_trainer(tiny_model_path, tiny_config(tmp_path, strategies=["opd"], teacher_model="base"),
                      train_dataset=16)
+    # A teacher that does not fit (here a 70B-parameter Qwen2 config with the policy's tokenizer, no weights on disk:
+    # the check reads its size from the config, before any weight loads) is refused in one line, naming the need.
+    from transformers import AutoConfig
+
+    huge = tmp_path / "huge_teacher"
+    AutoTokenizer.from_pretrained(teacher_path).save_pretrained(huge)
+    config = AutoConfig.from_pretrained(teacher_path)
+    config.update({"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+                   "num_key_value_heads": 8, "head_dim": 128, "layer_types": ["full_attention"] * 80})
+    config.save_pretrained(huge)
+    with pytest.raises(ValueError, match=r"does not fit: its weights alone need \d+\.\d GiB in torch.float32") as error:
+        make_trainer(tiny_model_path, tiny_config(tmp_path, strategies=["opd"], teacher_model=str(huge)),
+                     train_dataset=16)
+    assert str(huge) in str(error.value) and "\n" not in str(error.value)
 
 
 def reprompted_row(trainer, output, batch):

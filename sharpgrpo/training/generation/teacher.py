@@ -192,7 +192,8 @@ def load_teacher(name: str, trainer) -> Teacher:
         return scorer(_bare(trainer.accelerator.unwrap_model(trainer.ref_model)))
     if name == "ema":
         return scorer(_bare(ema_teacher(trainer).model))
-    teacher = prepared_like_reference(load_named_teacher(name, policy, trainer.processing_class), trainer)
+    shards = trainer.accelerator.num_processes if zero3_enabled(trainer.accelerator) else 1
+    teacher = prepared_like_reference(load_named_teacher(name, policy, trainer.processing_class, shards), trainer)
     return scorer(_bare(trainer.accelerator.unwrap_model(teacher)))
 
 
@@ -212,8 +213,9 @@ def prepared_like_reference(model, trainer):
     return prepared
 
 
-def load_named_teacher(name: str, policy, policy_tokenizer):
-    """A teacher model from a path or Hub name, frozen, on the policy's device and dtype; its tokenizer checked."""
+def load_named_teacher(name: str, policy, policy_tokenizer, shards: int = 1):
+    """A teacher model from a path or Hub name, frozen, on the policy's device and dtype; its tokenizer checked, and
+    its size against the free memory (:func:`check_teacher_fits`; ``shards``: processes ZeRO-3 partitions it over)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = getattr(policy_tokenizer, "tokenizer", policy_tokenizer)  # a processor's tokenizer
@@ -230,13 +232,47 @@ def load_named_teacher(name: str, policy, policy_tokenizer):
             "the policy's tokenizer."
         )
     first_parameter = next(policy.parameters())
+    check_teacher_fits(name, first_parameter.dtype, first_parameter.device, shards)
     try:
         teacher = AutoModelForCausalLM.from_pretrained(name, dtype=first_parameter.dtype)
+        teacher.to(first_parameter.device)
     except (OSError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"teacher_model={name!r}: the model does not load ({first}).") from None
-    teacher.to(first_parameter.device).eval().requires_grad_(False)
-    return teacher
+    except (torch.OutOfMemoryError, MemoryError) as error:  # the estimate below was not enough (fragmentation)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"teacher_model={name!r} does not fit on {first_parameter.device} ({first}).") from None
+    return teacher.eval().requires_grad_(False)
+
+
+def check_teacher_fits(name: str, dtype: torch.dtype, device: torch.device, shards: int = 1) -> None:
+    """Refuse, before loading, a teacher whose weights alone need more than the free memory of ``device`` (CUDA: the
+    free device memory; CPU: the available RAM): its parameter count from its config on the meta device, times the
+    policy's dtype size, divided by ``shards`` (the processes ZeRO-3 partitions it over)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError):
+        return  # from_pretrained says why, in one line
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    needed = sum(p.numel() for p in skeleton.parameters()) * torch.finfo(dtype).bits // 8 / max(shards, 1)
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    elif device.type == "cpu":
+        import psutil
+
+        free = psutil.virtual_memory().available
+    else:
+        return
+    if needed > free:
+        spread = f" over {shards} processes" if shards > 1 else ""
+        raise ValueError(
+            f"teacher_model={name!r} does not fit: its weights alone need {needed / 2**30:.1f} GiB in {dtype}"
+            f"{spread} on {device}, where {free / 2**30:.1f} GiB is free. Name a smaller teacher, `ref` / `base`, or "
+            "shard it with DeepSpeed ZeRO-3 (the teacher is partitioned as the policy is)."
+        )
 
 
 @register_generation_input("teacher_logps")
