@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
+from sharpgrpo.strategies.thr_vocab import slice_width
 
 DEFAULT_VOCAB_CHUNK = 8192
 ALIGNMENTS = ("position", "token")
@@ -57,20 +58,18 @@ def sum_p_squared(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     Streams over vocabulary tiles keeping, per position, the running maximum m, s = sum exp(z - m) and
     q = sum exp(2 (z - m)); then sum p^2 = q / s^2 (TRL's fused head: log q - 2 log s). The N tokens of
     ``rows_per_chunk`` rows are scored against at most ``vocab_chunk`` vocabulary entries at a time, fewer where the
-    (N, w) tile would hold more than ``chunk_size * V`` logits (``capture.vocab_slice_width``, the sampling
-    log-probabilities' rule): the peak does not grow with L. The excluded token's square is zeroed in place
+    (N, w) tile would hold more than ``chunk_size * V`` logits (``thr_vocab.slice_width``, the rule of THR's score
+    and of the sampling log-probabilities): the peak does not grow with L. The excluded token's square is zeroed in place
     before the sum (an index, not an (N, w) mask), so a tile has two (N, w) temporaries."""
     if rows_per_chunk < 1 or vocab_chunk < 1:
         raise ValueError(f"rows_per_chunk and vocab_chunk must be >= 1, got {rows_per_chunk}, {vocab_chunk}")
-    from sharpgrpo.training.generation.capture import vocab_slice_width
-
     rows, length, size = hidden.shape
     vocab_size = weight.shape[0]
     out = torch.empty((rows, length), dtype=torch.float32, device=hidden.device)
     for start in range(0, rows, rows_per_chunk):
         h = hidden[start : start + rows_per_chunk].reshape(-1, size).to(weight.dtype)
         ids = None if exclude_ids is None else exclude_ids[start : start + rows_per_chunk].reshape(-1).to(h.device)
-        width = min(vocab_chunk, vocab_slice_width(h.shape[0], vocab_size, chunk_size))
+        width = min(vocab_chunk, slice_width(chunk_size, vocab_size, h.shape[0]))
         m = s = q = None
         for v0 in range(0, vocab_size, width):
             chunk_bias = None if bias is None else bias[v0 : v0 + width]

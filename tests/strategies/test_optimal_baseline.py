@@ -343,7 +343,7 @@ def test_strategy_reads_the_head_statistic(cls, align):
 
 def test_sum_p_squared_tiles_stay_bounded_at_long_context(monkeypatch):
     """At long L the vocabulary tile narrows so that a tile holds at most chunk_size * V logits (the sampling
-    log-probabilities' rule, capture.vocab_slice_width), whatever vocab_chunk says; the result is unchanged."""
+    log-probabilities' rule, thr_vocab.slice_width), whatever vocab_chunk says; the result is unchanged."""
     B, L, H, V = 2, 600, 8, 700
     g = torch.Generator().manual_seed(1)
     hidden, weight = torch.randn(B, L, H, generator=g), torch.randn(V, H, generator=g)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.strategies.thr_vocab import slice_width
 from sharpgrpo.training.generation.entropy_inputs import entropy_from_step_logits
 
 
@@ -132,12 +133,6 @@ def fit_width(tensor: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def vocab_slice_width(num_tokens: int, vocab_size: int, chunk_size: int = 512) -> int:
-    """The vocabulary slice width w for scoring ``num_tokens`` tokens at once, so that an (N, w) logit temporary
-    holds at most ``chunk_size * vocab_size`` elements (``chunk_size`` tokens' worth of full logits)."""
-    return max(1, min(vocab_size, (chunk_size * vocab_size) // max(num_tokens, 1)))
-
-
 def logps_from_hidden_states(
     hidden: torch.Tensor,
     completion_ids: torch.Tensor,
@@ -166,7 +161,7 @@ def logps_from_hidden_states(
         h = hidden[block].reshape(-1, hidden.shape[-1]).to(weight.dtype)
         ids = completion_ids[block].reshape(-1).long().to(h.device)
         num_tokens = h.shape[0]
-        width = vocab_slice_width(num_tokens, vocab_size, chunk_size)
+        width = slice_width(chunk_size, vocab_size, num_tokens)
         running_max = torch.full((num_tokens,), -math.inf, device=h.device)
         mass = torch.zeros(num_tokens, device=h.device)
         chosen = torch.zeros(num_tokens, device=h.device)
