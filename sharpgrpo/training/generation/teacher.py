@@ -156,8 +156,7 @@ def ema_teacher(trainer) -> EmaTeacher:
     strategy state of the first advantage strategy that uses it (``keep_teacher_state``)."""
     if getattr(trainer, "_ema_teacher", None) is not None:
         return trainer._ema_teacher
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if (plugin is not None and plugin.zero_stage == 3) or getattr(trainer, "is_fsdp_enabled", False):
+    if zero3_enabled(trainer.accelerator) or getattr(trainer, "is_fsdp_enabled", False):
         raise ValueError("An EMA teacher (teacher_model: ema, sdpo_teacher: ema) is not supported under ZeRO-3 / FSDP "
                          "(the policy's weights are sharded, a copy of them would be empty shards); name a teacher's "
                          "path, `ref` or `base` (opd, iw_opd), or use sdpo_teacher: live.")
