@@ -248,14 +248,16 @@ def check_teacher_fits(name: str, dtype: torch.dtype, device: torch.device, shar
     """Refuse, before loading, a teacher whose weights alone need more than the free memory of ``device`` (CUDA: the
     free device memory; CPU: the available RAM): its parameter count from its config on the meta device, times the
     policy's dtype size, divided by ``shards`` (the processes ZeRO-3 partitions it over)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
         config = AutoConfig.from_pretrained(name)
-    except (OSError, ValueError):
-        return  # from_pretrained says why, in one line
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (OSError, ValueError, KeyError):
+        return  # no config (from_pretrained says why, in one line) or remote code: loading is the check
+    with torch.device("meta"):  # the class itself, not from_config: under ZeRO-3 that would enter zero.Init
+        skeleton = model_class(config)
     needed = sum(p.numel() for p in skeleton.parameters()) * torch.finfo(dtype).bits // 8 / max(shards, 1)
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
