@@ -292,10 +292,9 @@ def test_sum_p_squared_matches_softmax_and_trls_fused_head(temperature):
     torch.testing.assert_close(got.reshape(-1), log_sum_sq.exp(), atol=1e-6, rtol=1e-5)
 
 
-def test_sum_p_squared_never_builds_a_batch_by_vocabulary_tensor(monkeypatch):
-    """Every logit tile is at most rows_per_chunk x L x vocab_chunk: counted on the projections themselves."""
-    B, L, H, V = 6, 32, 8, 5000
-    hidden, weight = torch.randn(B, L, H), torch.randn(V, H)
+@pytest.fixture
+def projection_sizes(monkeypatch):
+    """The element count of every ``F.linear`` output from the moment the fixture is asked for: the logit tiles."""
     tiles = []
     linear = torch.nn.functional.linear
 
@@ -304,7 +303,18 @@ def test_sum_p_squared_never_builds_a_batch_by_vocabulary_tensor(monkeypatch):
         tiles.append(out.numel())
         return out
 
-    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    def start() -> list[int]:
+        monkeypatch.setattr(torch.nn.functional, "linear", spy)
+        return tiles
+
+    return start
+
+
+def test_sum_p_squared_never_builds_a_batch_by_vocabulary_tensor(projection_sizes):
+    """Every logit tile is at most rows_per_chunk x L x vocab_chunk: counted on the projections themselves."""
+    B, L, H, V = 6, 32, 8, 5000
+    hidden, weight = torch.randn(B, L, H), torch.randn(V, H)
+    tiles = projection_sizes()
     sum_p_squared(hidden, weight, None, 1.0, rows_per_chunk=2, vocab_chunk=512)
     assert len(tiles) == (B // 2) * math.ceil(V / 512)
     assert max(tiles) == 2 * L * 512 < B * L * V // 20
@@ -341,7 +351,7 @@ def test_strategy_reads_the_head_statistic(cls, align):
     assert all(math.isfinite(v) for v in metrics.values())
 
 
-def test_sum_p_squared_tiles_stay_bounded_at_long_context(monkeypatch):
+def test_sum_p_squared_tiles_stay_bounded_at_long_context(projection_sizes):
     """At long L the vocabulary tile narrows so that a tile holds at most chunk_size * V logits (the sampling
     log-probabilities' rule, thr_vocab.slice_width), whatever vocab_chunk says; the result is unchanged."""
     B, L, H, V = 2, 600, 8, 700
@@ -349,15 +359,7 @@ def test_sum_p_squared_tiles_stay_bounded_at_long_context(monkeypatch):
     hidden, weight = torch.randn(B, L, H, generator=g), torch.randn(V, H, generator=g)
     ids = torch.randint(0, V, (B, L), generator=g)
     wide = sum_p_squared(hidden, weight, None, 1.0, rows_per_chunk=2, vocab_chunk=V, exclude_ids=ids)
-    tiles = []
-    linear = torch.nn.functional.linear
-
-    def spy(x, w, b=None):
-        out = linear(x, w, b)
-        tiles.append(out.numel())
-        return out
-
-    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    tiles = projection_sizes()
     narrow = sum_p_squared(hidden, weight, None, 1.0, rows_per_chunk=2, vocab_chunk=V, exclude_ids=ids,
                            chunk_size=100)
     assert max(tiles) <= 100 * V < B * L * V and len(tiles) > 1
