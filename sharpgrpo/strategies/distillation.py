@@ -240,6 +240,10 @@ class SelfDistillationStrategy(_TeacherStrategy):
     def check_config(cls, args: Any) -> None:
         """No external teacher: the policy (``sdpo_teacher: live``) or its EMA (``ema``) is its own teacher."""
 
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self._warned_no_teacher = False
+
     def uses_ema_teacher(self) -> bool:
         return self.args.sdpo_teacher == "ema"
 
@@ -255,7 +259,7 @@ class SelfDistillationStrategy(_TeacherStrategy):
         self._scores = gap
         metrics = self._teacher_metrics("sdpo", teacher, gap, mask)
         metrics["sdpo/reprompt_fraction"] = float(rows.float().mean())
-        if not rows.any() and not getattr(self, "_warned_no_teacher", False):
+        if not rows.any() and not self._warned_no_teacher:
             self._warned_no_teacher = True
             weight = self.args.sdpo_weight
             consequence = ("its advantage is 0 everywhere (sdpo_weight=1): the batch teaches nothing" if weight == 1

@@ -221,8 +221,8 @@ def load_named_teacher(name: str, policy, policy_tokenizer, shards: int = 1):
     try:
         teacher_tokenizer = AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"teacher_model={name!r}: no model or tokenizer loads from there ({first}).") from None
+        reason = _first_line(error)
+        raise ValueError(f"teacher_model={name!r}: no model or tokenizer loads from there ({reason}).") from None
     difference = tokenizer_difference(teacher_tokenizer, tokenizer)
     if difference is not None:
         raise ValueError(
@@ -236,12 +236,17 @@ def load_named_teacher(name: str, policy, policy_tokenizer, shards: int = 1):
         teacher = AutoModelForCausalLM.from_pretrained(name, dtype=first_parameter.dtype)
         teacher.to(first_parameter.device)
     except (OSError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"teacher_model={name!r}: the model does not load ({first}).") from None
-    except (torch.OutOfMemoryError, MemoryError) as error:  # the estimate below was not enough (fragmentation)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"teacher_model={name!r} does not fit on {first_parameter.device} ({first}).") from None
+        raise ValueError(f"teacher_model={name!r}: the model does not load ({_first_line(error)}).") from None
+    except (torch.OutOfMemoryError, MemoryError) as error:  # check_teacher_fits's estimate was not enough
+        reason = _first_line(error)
+        raise ValueError(f"teacher_model={name!r} does not fit on {first_parameter.device} ({reason}).") from None
     return teacher.eval().requires_grad_(False)
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_teacher_fits(name: str, dtype: torch.dtype, device: torch.device, shards: int = 1) -> None:
