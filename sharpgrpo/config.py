@@ -17,6 +17,7 @@ from sharpgrpo.strategies import strategy_names_help
 from sharpgrpo.strategies.kl_estimators import DEFAULT_KL_ESTIMATOR, KL_ESTIMATORS
 from sharpgrpo.strategies.loss_types import LOSS_TYPES
 from sharpgrpo.strategy_params import PARAM_RULES, StrategyParams, _RuledField, param
+from sharpgrpo.training.generation.async_rollout.checks import check_async_config
 from sharpgrpo.training.strategy_set import StrategySet
 from sharpgrpo.validation import (
     integer,
@@ -121,6 +122,23 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         one_of(False, True),
     )
 
+    # Asynchronous generation (docs/methods.md §20).
+    async_generation: bool = param(
+        False,
+        "Generate in a rollout process of its own while the trainer trains: the next generation batches (at most "
+        "`max_staleness` ahead) are generated with weights published at each generation batch; the sampling "
+        "log-probabilities reach the loss as `sampling_per_token_logps` for the rollout corrections. docs/methods.md "
+        "§20.",
+        one_of(False, True),
+    )
+    max_staleness: int = param(
+        1,
+        "`async_generation`: k, how many policy versions (generation batches) a batch may lag the trainer; it is "
+        "submitted k generation batches ahead, so the bound holds and nothing is dropped; 0: the trainer waits for "
+        "each batch, generated with its current weights and random state (equal to synchronous training).",
+        integer(0),
+    )
+
     # Diagnostics.
     sharpness_probe_steps: int = param(
         0,
@@ -148,6 +166,7 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         validate_fields(self, OWN_FIELD_RULES)
         super().__post_init__()  # StrategyParams checks the strategy parameters' rules, then TRL's __post_init__
         StrategySet.check_config(self)  # the strategies resolve and compose; their own checks
+        check_async_config(self)  # what asynchronous generation cannot serve
 
 
 # What each field of ours accepts, from the fields' own declarations, plus the values we add to two of TRL's fields

@@ -416,6 +416,21 @@ class StrategyParams:
         name(allow_none=True),
     )
 
+    rollout_rs_normalizer: str = param(
+        "excluded",
+        "`rollout_correction`/`rollout_correction_bypass`: what rejection does to the loss's normaliser: `excluded` "
+        "(verl: rejected tokens leave response_mask, so each sequence's and the batch's token counts drop them) or "
+        "`kept` (their term is zeroed and they still count, as TRL's masks do).",
+        one_of("excluded", "kept"),
+    )
+    rollout_clip_ratio_c: float = param(
+        3.0,
+        "`rollout_correction`/`rollout_correction_bypass`: verl's clip_ratio_c, dual-clip PPO (Ye et al. 2020): for "
+        "A < 0 a token's policy term is capped at -A c (times its IS weight in decoupled mode), no gradient beyond; "
+        "verl's default 3, above 1; 0 turns it off (TRL's losses have none).",
+        non_negative(),
+    )
+
     def __post_init__(self):
         validate_fields(self, PARAM_RULES)
         parent = getattr(super(), "__post_init__", None)  # SharpGRPOConfig: TRL's GRPOConfig comes next

@@ -32,6 +32,7 @@ from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord, advantage_pipeline, row_verdicts
 from sharpgrpo.training.generation.advantage_pipeline import tag_groups
+from sharpgrpo.training.generation.async_rollout.client import async_rollout_kwargs
 from sharpgrpo.training.generation.capture import GenerationCapture
 from sharpgrpo.training.generation.dynamic_sampling import dynamic_sampler, generate_batch, needs_verdicts
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
@@ -43,6 +44,7 @@ from sharpgrpo.training.generation.score_dump import dump_token_scores
 from sharpgrpo.training.generation.vllm_checks import check_vllm_request
 from sharpgrpo.training.generation.vllm_sync import prepare_colocated_engine
 from sharpgrpo.training.generation.vllm_seeding import server_generation_kwargs
+from sharpgrpo.training.generation.window_tokens import recount_window_tokens
 from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.loss.entropy_bonus import entropy_coef_to_apply, update_entropy_control
 from sharpgrpo.training.loss.logps_temperature import score_logps_at
@@ -90,6 +92,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         # FSDP asked for on the CPU (or FSDP1 with THR): refused before accelerate builds something else
         check_launch_request(args, head_readers=StrategySet.head_readers(self.strategies.classes))
         self._rank_failures = RankFailures()  # a reward error on one process: all stop together (rank_agreement)
+        kwargs = async_rollout_kwargs(args, kwargs)  # async_generation: TRL's rollout_func, a rollout process
         super().__init__(model, self._rank_failures.wrap(checked_reward_functions(reward_funcs, args)), args, **kwargs)
         self._rank_failures.active = self.accelerator.num_processes > 1
         check_launch(self.accelerator, args)  # FSDP/DeepSpeed/processes as the launcher asked, in one line
@@ -164,6 +167,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             self.vllm_generation.generation_kwargs = server_generation_kwargs(self.args, self._generation_count)
         mode = "train" if self.model.training else "eval"  # TRL's generation, refilled by dynamic sampling:
         inputs, output, self._generation = generate_batch(self, inputs, super()._generate_and_score_completions, mode)
+        output = recount_window_tokens(self, output)  # dapo/cispo/vespo: tokens a loss strategy removes (rejection)
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
                             self._generation_count)

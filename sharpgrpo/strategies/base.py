@@ -343,6 +343,13 @@ class LossTerms:
         token_mask: a detached factor >= 0 on the token's policy term; 0 removes it from the loss (value and
             gradient; the token still counts in the loss type's normaliser): a trust-region mask (DPPO), Clip-Cov as
             released, or an importance weight (a rollout correction's, broadcast from (B, 1) for a sequence's).
+        loss_mask: {0, 1}, detached; 0 removes the token from the loss *and* from the loss type's normaliser (each
+            sequence's token count, the micro-batch's, the window's), as verl's rejection removes it from
+            ``response_mask``: a rollout correction's rejected tokens. Every later use of the mask (TRL's off-policy
+            mask, the KL and entropy terms, the metrics, each token's loss share) reads the reduced mask.
+        loss_cap: a detached upper bound on the token's policy term after ``token_mask`` (``inf`` where none):
+            where the term exceeds it, the term is the bound, with no gradient (verl's dual-clip PPO,
+            ``clip_ratio_c``: ``min(-A c, l)`` for A < 0).
         extra_loss: a per-token term added to the policy term, with its own graph: KL-Cov's penalty.
         epsilon_low, epsilon_high: per-token clip range replacing the configured one (Archer; ``inf`` for
             ``epsilon_high`` and 1 for ``epsilon_low`` remove PPO's clip, as KL-Cov and DPPO release it).
@@ -359,6 +366,8 @@ class LossTerms:
     TERMS: ClassVar[dict[str, str]] = {
         "gradient_mask": "1 where the strategy keeps the gradient of the token's policy term, 0 where it stops it",
         "token_mask": "the strategy's factor on the token's policy term (0 removes it: value and gradient)",
+        "loss_mask": "0 where the strategy removes the token from the loss and from its normaliser, else 1",
+        "loss_cap": "the strategy's upper bound on the token's policy term (inf: none)",
         "extra_loss": "the per-token term the strategy adds to the policy term",
         "epsilon_low": "the strategy's per-token low clip range epsilon_low",
         "epsilon_high": "the strategy's per-token high clip range epsilon_high",
@@ -367,6 +376,8 @@ class LossTerms:
 
     gradient_mask: torch.Tensor | None = None
     token_mask: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    loss_cap: torch.Tensor | None = None
     extra_loss: torch.Tensor | None = None
     epsilon_low: torch.Tensor | None = None
     epsilon_high: torch.Tensor | None = None
@@ -412,4 +423,15 @@ class TokenLossStrategy(Strategy):
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
         """One micro-batch -> (the terms it changes, metrics as 0-d device tensors: averaged over processes and
         logged under their names, with no host synchronisation of their own)."""
+        raise NotImplementedError
+
+    # Whether its ``loss_mask`` is known at generation from the old and the sampling log-probabilities alone
+    # (``generation_loss_mask``): the window-normalised loss types' token count then drops those tokens.
+    removes_tokens_at_generation: ClassVar[bool] = False
+
+    def generation_loss_mask(self, old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor
+                             ) -> torch.Tensor:
+        """{0, 1} (B, T): the ``loss_mask`` its ``loss_terms`` will set for these rows, computed once per generation
+        batch so that TRL's ``num_items_in_batch`` (the divisor of ``dapo``/``cispo``/``vespo``) counts only the
+        tokens left in the loss, as verl's ``batch_num_tokens`` counts its ``response_mask`` after rejection."""
         raise NotImplementedError

@@ -99,10 +99,18 @@ def log_ratio(train_logps: torch.Tensor, rollout_logps: torch.Tensor) -> torch.T
     return train_logps - rollout_logps
 
 
+def filled_sampling_logps(train_logps: torch.Tensor, sampling_logps: torch.Tensor) -> torch.Tensor:
+    """The sampling engine's log-probabilities with each NaN (a token vLLM could not score) replaced by the trainer's
+    own, so that its ratio is exactly 1: no correction, no rejection, no mismatch, as TRL 1.16 treats it
+    (grpo_trainer.py ``_generate_and_score_completions``: ``torch.nan_to_num(per_token_logps_diff, nan=0.0)``, "their
+    importance ratio is exactly 1"). (B, T) -> (B, T)."""
+    return torch.where(torch.isnan(sampling_logps), train_logps.detach(), sampling_logps)
+
+
 def rollout_log_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The strategies' input: :func:`log_ratio` of the trainer's detached old log-probabilities over the sampling
-    engine's, vLLM's NaN (a token it could not score) read as 0 and every token off ``mask`` set to 0. (B, T)."""
-    sampling = torch.nan_to_num(sampling_logps, nan=0.0)
+    """The strategies' input: :func:`log_ratio` of the trainer's detached log-probabilities over the sampling
+    engine's, 0 where vLLM's is NaN (:func:`filled_sampling_logps`) and on every token off ``mask``. (B, T)."""
+    sampling = filled_sampling_logps(old_logps, sampling_logps)
     return log_ratio(old_logps.detach(), sampling).masked_fill(~mask.bool(), 0.0)
 
 
@@ -374,11 +382,26 @@ REJECTION_METRICS = ("rejected_fraction", "rejected_seq_fraction")
 CORRECTION_COLUMNS = {
     "rejected": "1 where the rejection bounds (rollout_rs, rollout_rs_threshold) dropped the token or its sequence, "
     "0 where kept (0 everywhere with rollout_rs none)",
-    "mismatch_k1": "the token's mismatch KL term, K1: log pi_rollout - log pi_old (its mean over the loss tokens is "
-    "rollout_corr/kl; verl 0.9.1 compute_offpolicy_metrics)",
-    "mismatch_k3": "the token's mismatch KL term, K3: r - log r - 1 with r = pi_old / pi_rollout (its mean over the "
+    "mismatch_k1": "the token's mismatch KL term, K1: log pi_rollout - log pi_train, pi_train = pi_old (decoupled) or "
+    "pi_theta (bypass, as verl's bypass loss reads it); its mean over the loss tokens is rollout_corr/kl (verl 0.9.1 "
+    "compute_offpolicy_metrics)",
+    "mismatch_k3": "the token's mismatch KL term, K3: r - log r - 1 with r = pi_train / pi_rollout (its mean over the "
     "loss tokens is rollout_corr/k3_kl)",
 }
+
+
+def dual_clip_cap(advantages: torch.Tensor, factor: torch.Tensor | None, mask: torch.Tensor, clip_ratio_c: float
+                  ) -> torch.Tensor | None:
+    """verl's dual clip (``compute_policy_loss_vanilla``, core_algos.py: ``pg_losses3 = -advantages * clip_ratio_c``;
+    ``torch.where(advantages < 0, torch.min(pg_losses3, clip_pg_losses1), clip_pg_losses1)``; Ye et al. 2020) as a
+    cap on the token's policy term: ``-A c factor`` where A < 0 (``factor``: the weights that multiply the term
+    after the cap, as verl's ``rollout_is_weights`` multiply ``pg_losses``; None for 1), ``inf`` elsewhere; None when
+    ``clip_ratio_c`` is 0 (off). (B, 1) or (B, T) advantages -> (B, T)."""
+    if not clip_ratio_c:
+        return None
+    scale = mask.to(advantages.dtype) if factor is None else factor
+    bound = -advantages * clip_ratio_c * scale
+    return torch.where((advantages < 0).expand_as(bound), bound, torch.full_like(bound, math.inf)).detach()
 
 
 class _RolloutCorrection(TokenLossStrategy):
@@ -386,9 +409,13 @@ class _RolloutCorrection(TokenLossStrategy):
 
     @classmethod
     def check_params(cls, args: Any) -> None:
-        """``rollout_rs`` and ``rollout_rs_threshold`` parse as verl parses them (one line naming the field)."""
+        """``rollout_rs`` and ``rollout_rs_threshold`` parse as verl parses them, and ``rollout_clip_ratio_c`` is 0
+        (off) or above 1, as verl asserts (one line naming the field)."""
         from sharpgrpo.validation import ConfigError
 
+        if args.rollout_clip_ratio_c and not args.rollout_clip_ratio_c > 1.0:
+            raise ConfigError(f"rollout_clip_ratio_c={args.rollout_clip_ratio_c}: dual-clip PPO's bound must be above "
+                              "1 (verl's clip_ratio_c; its default 3), or 0 to turn it off.")
         options = rejection_setting(args)
         if options is None:
             return
@@ -406,10 +433,10 @@ class _RolloutCorrection(TokenLossStrategy):
         from sharpgrpo.validation import ConfigError
 
         name = cls.registered_name()
-        if not args.use_vllm:
+        if not (args.use_vllm or getattr(args, "async_generation", False)):
             raise ConfigError(f"strategies: {name} corrects for the sampling engine, whose per-token "
-                              "log-probabilities come only with use_vllm=True (transformers generation samples from "
-                              "the policy itself).")
+                              "log-probabilities come only with use_vllm=True or async_generation=true (the trainer's "
+                              "own transformers generation samples from the policy itself).")
         if args.vllm_importance_sampling_correction:
             raise ConfigError(f"strategies: {name} replaces TRL's vLLM importance-sampling correction; set "
                               "vllm_importance_sampling_correction=false.")
@@ -417,17 +444,36 @@ class _RolloutCorrection(TokenLossStrategy):
                       ("top_p", args.top_p, (1.0, None)), ("min_p", args.min_p, (0.0, None))) if value not in off]
         truncating += [f"generation_kwargs.{key}" for key in ("top_k", "top_p", "min_p")
                        if key in (args.generation_kwargs or {})]
-        if truncating:
+        if truncating and args.use_vllm:  # the rollout process's log-probabilities are the policy's, untruncated
             raise ConfigError(f"strategies: {name} with truncated sampling ({', '.join(truncating)}): vLLM's "
                               "log-probabilities are then of the truncated, renormalised distribution, so every ratio "
                               "carries log(kept mass) (trl#6789); sample without truncation.")
 
-    def _diagnostics(self, context: LossContext, log_r: torch.Tensor, weights: torch.Tensor | None,
-                     keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _terms(self, context: LossContext, factor: torch.Tensor | None, keep: torch.Tensor, **fields
+               ) -> LossTerms:
+        """The terms of a correction whose policy-term factor is ``factor`` (None: 1) and whose rejection keeps
+        ``keep``: with ``rollout_rs_normalizer`` ``excluded`` (verl) the rejected tokens leave the loss and its
+        normaliser (``loss_mask``); with ``kept`` only their term is zeroed (``token_mask``), the normaliser keeps
+        them. The dual-clip cap (``rollout_clip_ratio_c``) bounds the term after the factor."""
+        rejecting = rejection_setting(self.args) is not None
+        if rejecting and self.args.rollout_rs_normalizer == "kept":
+            factor = keep if factor is None else factor * keep
+        # decoupled: verl caps pg_losses before its IS weights multiply them; bypass: the term is already PPO's on
+        # pi_theta / pi_rollout (the factor is part of that ratio), capped at -A c itself
+        scale = factor if self.mode == "decoupled" else None
+        cap = dual_clip_cap(context.advantages, scale, context.mask, self.args.rollout_clip_ratio_c)
+        return LossTerms(token_mask=None if factor is None else factor.detach(),
+                         loss_mask=keep.detach() if rejecting and self.args.rollout_rs_normalizer == "excluded"
+                         else None, loss_cap=cap, **fields)
+
+    def _diagnostics(self, context: LossContext, train_logps: torch.Tensor, log_r: torch.Tensor,
+                     weights: torch.Tensor | None, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """verl's ``rollout_corr/*`` metrics of ``train_logps`` against the rollout's (pi_old in decoupled mode,
+        pi_theta in bypass mode, as verl's ``compute_policy_loss_bypass_mode`` passes ``old_log_prob=log_prob``)."""
         mask = context.mask
-        sampling = torch.nan_to_num(context.sampling_logps, nan=0.0)  # read as the weights and columns read it
+        sampling = filled_sampling_logps(train_logps, context.sampling_logps)  # as the weights read it
         metrics = {f"rollout_corr/{name}": value
-                   for name, value in mismatch_diagnostics(context.old_logps, sampling, mask).items()
+                   for name, value in mismatch_diagnostics(train_logps.detach(), sampling, mask).items()
                    if name in DIAGNOSTICS}
         if weights is not None:
             level, threshold = self.args.rollout_is, self.args.rollout_is_threshold
@@ -447,61 +493,77 @@ class _RolloutCorrection(TokenLossStrategy):
         return {"is_weight": mask if weights is None else weights, "rejected": mask * (1.0 - keep),
                 "mismatch_k1": k1, "mismatch_k3": k3}
 
-    def _inputs(self, context: LossContext) -> torch.Tensor:
+    def _inputs(self, context: LossContext, train_logps: torch.Tensor) -> torch.Tensor:
         if context.sampling_logps is None:
             raise ValueError(f"{self.registered_name()}: the batch carries no sampling log-probabilities (TRL's "
                              "sampling_per_token_logps); it needs vLLM generation.")
-        return rollout_log_ratio(context.old_logps, context.sampling_logps, context.mask)
+        return rollout_log_ratio(train_logps, context.sampling_logps, context.mask)
+
+
+CORRECTION_PARAMS = ("rollout_rs", "rollout_rs_threshold", "rollout_rs_normalizer", "rollout_clip_ratio_c")
 
 
 @register_strategy("rollout_correction")
 class RolloutCorrection(_RolloutCorrection):
     """Decoupled rollout correction (verl's ``bypass_mode=False``, three policies): the PPO ratio stays
-    ``pi_theta / pi_old`` and each token's policy term is weighted by ``w(pi_old / pi_rollout)`` and kept only where
-    the rejection bounds pass (``token_mask``). Composes with every weight, advantage and loss strategy."""
+    ``pi_theta / pi_old``, each token's policy term is weighted by ``w(pi_old / pi_rollout)`` (``token_mask``) and
+    the tokens the rejection bounds drop leave the loss and its normaliser (``loss_mask``, as verl's
+    ``compute_rollout_correction_and_add_to_batch`` updates ``response_mask``). Composes with every weight, advantage
+    and loss strategy."""
 
-    params = ("rollout_is", "rollout_is_threshold", "rollout_is_handling", "rollout_is_batch_normalize", "rollout_rs",
-              "rollout_rs_threshold")
+    params = ("rollout_is", "rollout_is_threshold", "rollout_is_handling", "rollout_is_batch_normalize",
+              *CORRECTION_PARAMS)
     mode = "decoupled"
-    sets = frozenset({"token_mask"})
+    sets = frozenset({"token_mask", "loss_mask", "loss_cap"})
     metrics = tuple(f"rollout_corr/{name}"
                     for name in (*DIAGNOSTICS, *REJECTION_METRICS, "is_mean", "eff_sample_size"))
     columns = {"is_weight": "the importance weight w(pi_old / pi_rollout) at rollout_is's level after truncation or "
                "masking (rollout_is_handling) and batch normalisation, before rejection (1 with rollout_is none)",
                **CORRECTION_COLUMNS}
 
+    @property
+    def removes_tokens_at_generation(self) -> bool:  # the rejection is of pi_old / pi_rollout, fixed per batch
+        return rejection_setting(self.args) is not None and self.args.rollout_rs_normalizer == "excluded"
+
+    def generation_loss_mask(self, old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor
+                             ) -> torch.Tensor:
+        log_r = rollout_log_ratio(old_logps, sampling_logps, mask)
+        return rejection_mask(log_r, mask, rejection_setting(self.args), self.args.rollout_rs_threshold)
+
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
-        log_r = self._inputs(context)
+        log_r = self._inputs(context, context.old_logps)
         weights, keep = correction_factors(log_r, context.mask, self.args, self.mode)
-        factor = keep if weights is None else weights * keep
-        terms = LossTerms(token_mask=factor.detach(), columns=self._columns(context, log_r, weights, keep))
-        return terms, self._diagnostics(context, log_r, weights, keep)
+        terms = self._terms(context, weights, keep, columns=self._columns(context, log_r, weights, keep))
+        return terms, self._diagnostics(context, context.old_logps, log_r, weights, keep)
 
 
 @register_strategy("rollout_correction_bypass")
 class RolloutCorrectionBypass(_RolloutCorrection):
     """Bypass rollout correction (verl's ``bypass_mode=True`` with ``loss_type="ppo_clip"``, two policies): the PPO
     ratio becomes ``pi_theta / pi_rollout``, which is itself the importance weight (``rollout_is`` is not read), with
-    rejection by ``rollout_rs``. With ``w = pi_old / pi_rollout`` (detached), PPO's
-    ``min(w r A, clip(w r, 1 - eps_low, 1 + eps_high) A)``
+    rejection by ``rollout_rs`` on the statistic of ``pi_theta / pi_rollout`` at each pass (verl's
+    ``compute_policy_loss_bypass_mode`` passes ``old_log_prob=log_prob``). With ``w = pi_old / pi_rollout``
+    (detached), PPO's ``min(w r A, clip(w r, 1 - eps_low, 1 + eps_high) A)``
     ``= w min(r A, clip(r, (1 - eps_low) / w, (1 + eps_high) / w) A)``
-    for ``r = pi_theta / pi_old``: the factor ``w`` (``token_mask``) and a per-token clip range."""
+    for ``r = pi_theta / pi_old``: the factor ``w`` (``token_mask``) and a per-token clip range; verl's dual clip on
+    ``pi_theta / pi_rollout`` for A < 0 is the cap ``-A c`` (``loss_cap``)."""
 
-    params = ("rollout_rs", "rollout_rs_threshold")
+    params = CORRECTION_PARAMS
     mode = "bypass"
-    sets = frozenset({"token_mask", "clip_range"})
+    sets = frozenset({"token_mask", "loss_mask", "loss_cap", "clip_range"})
     metrics = tuple(f"rollout_corr/{name}" for name in (*DIAGNOSTICS, *REJECTION_METRICS, "bypass_ratio_mean"))
     columns = {"is_weight": "pi_old / pi_rollout, the factor bypass mode puts on the PPO ratio, before rejection",
                **CORRECTION_COLUMNS}
     loss_types = PPO_CLIP_LOSS_TYPES
 
     def loss_terms(self, context: LossContext) -> tuple[LossTerms, dict[str, torch.Tensor]]:
-        log_r = self._inputs(context)
-        weights, keep = correction_factors(log_r, context.mask, self.args, self.mode)
-        terms = LossTerms(token_mask=(weights * keep).detach(),
-                          epsilon_low=1.0 - (1.0 - context.epsilon_low) / weights,
-                          epsilon_high=(1.0 + context.epsilon_high) / weights - 1.0,
-                          columns=self._columns(context, log_r, weights, keep))
-        metrics = self._diagnostics(context, log_r, None, keep)
+        theta_log_r = self._inputs(context, context.logps)  # the rejection's statistic: pi_theta / pi_rollout
+        _, keep = correction_factors(theta_log_r, context.mask, self.args, self.mode)
+        weights = torch.exp(self._inputs(context, context.old_logps).clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        terms = self._terms(context, weights, keep,
+                            epsilon_low=1.0 - (1.0 - context.epsilon_low) / weights,
+                            epsilon_high=(1.0 + context.epsilon_high) / weights - 1.0,
+                            columns=self._columns(context, theta_log_r, weights, keep))
+        metrics = self._diagnostics(context, context.logps, theta_log_r, None, keep)
         metrics["rollout_corr/bypass_ratio_mean"] = _masked_mean(weights, context.mask)
         return terms, metrics

@@ -174,17 +174,22 @@ def _context(old, sampling, mask):
 def test_declared_columns_are_the_strategys_own_quantities(cls, settings):
     old, sampling, mask = random_batch(3)
     old, sampling = old.float(), sampling.float()
-    sampling[1, 2] = float("nan")  # a token vLLM could not score: read as 0 by the strategy
+    sampling[1, 2] = float("nan")  # a token vLLM could not score: ratio 1 (TRL's reading), never rejected
     mask = mask.float()
     name = cls.registered_name()
     strategy = cls(StrategyParams(**settings))
     terms, metrics, columns = collect_loss_terms([(name, strategy)], _context(old, sampling, mask))
-    assert set(columns) == {f"{name}/token_mask", *(f"{name}/{c}" for c in cls.columns)} | (
+    weighted = cls is RolloutCorrectionBypass or settings["rollout_is"] != "none"
+    assert set(columns) == {f"{name}/loss_mask", f"{name}/loss_cap", *(f"{name}/{c}" for c in cls.columns)} | (
+        {f"{name}/token_mask"} if weighted else set()) | (
         {f"{name}/epsilon_low", f"{name}/epsilon_high"} if cls is RolloutCorrectionBypass else set())
     on = mask.bool()
     weight, rejected = columns[f"{name}/is_weight"], columns[f"{name}/rejected"]
-    # the factor the loss used is the weight before rejection times the kept flag
-    torch.testing.assert_close(columns[f"{name}/token_mask"][on], (weight * (1 - rejected))[on])
+    # the factor the loss used is the weight before rejection; the rejected tokens leave its mask (and normaliser)
+    factor = columns[f"{name}/token_mask"] if weighted else torch.ones_like(weight)
+    torch.testing.assert_close(factor[on], weight[on])
+    assert torch.equal(columns[f"{name}/loss_mask"][on], 1 - rejected[on])
+    assert columns[f"{name}/mismatch_k1"][1, 2] == 0  # the unscored token: no mismatch
     # the same computation as the what-if view, from the same inputs
     factors = token_factors(old, sampling, mask, strategy.args, cls.mode)
     torch.testing.assert_close(weight[on], factors.weights[on])
@@ -194,7 +199,7 @@ def test_declared_columns_are_the_strategys_own_quantities(cls, settings):
     torch.testing.assert_close((rejected * mask).sum() / n, metrics["rollout_corr/rejected_fraction"])
     torch.testing.assert_close((columns[f"{name}/mismatch_k1"] * mask).sum() / n, metrics["rollout_corr/kl"])
     torch.testing.assert_close((columns[f"{name}/mismatch_k3"] * mask).sum() / n, metrics["rollout_corr/k3_kl"])
-    reference_k1 = torch.where(on, torch.nan_to_num(sampling, nan=0.0) - old, torch.zeros_like(old))
+    reference_k1 = torch.where(on & ~torch.isnan(sampling), sampling - old, torch.zeros_like(old))
     torch.testing.assert_close(columns[f"{name}/mismatch_k1"][on], reference_k1[on])
     assert 0 < rejected[on].sum() < on.sum()  # the bounds act on these inputs
 

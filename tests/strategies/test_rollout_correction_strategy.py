@@ -64,27 +64,35 @@ def test_decoupled_factor_is_the_functions_weights_times_rejection(settings):
     if args.rollout_is != "none":
         expected = expected * rc.importance_weights(log_r, mask, args.rollout_is, args.rollout_is_threshold,
                                                     args.rollout_is_handling, args.rollout_is_batch_normalize)
-    torch.testing.assert_close(terms.token_mask * mask, expected, rtol=1e-12, atol=1e-12)
-    assert terms.epsilon_low is None and terms.token_mask.requires_grad is False
+    factor = (mask if terms.token_mask is None else terms.token_mask) * mask
+    if terms.loss_mask is not None:  # rejection: out of the loss and its normaliser (verl's response_mask)
+        factor = factor * terms.loss_mask
+    torch.testing.assert_close(factor, expected, rtol=1e-12, atol=1e-12)
+    assert (terms.loss_mask is not None) == (args.rollout_rs != "none")  # excluded: the rejection is the loss mask
+    assert (terms.token_mask is not None) == (args.rollout_is != "none")  # the weights alone are the factor
+    assert terms.epsilon_low is None and not any(t.requires_grad for t in (terms.token_mask, terms.loss_mask)
+                                                 if t is not None)
     assert all(torch.isfinite(v) for v in metrics.values())
     assert metrics["rollout_corr/kl"] == pytest.approx(float(rc.mismatch_diagnostics(old, torch.nan_to_num(rollout),
                                                                                       mask)["kl"]), rel=1e-9)
-    assert not torch.equal(terms.token_mask * mask, mask)  # the inputs differ enough for the factor to act
+    assert not torch.equal(factor, mask)  # the inputs differ enough for the factor to act
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_bypass_equals_ppo_clip_on_the_rollout_ratio(seed, loss_type):
     logps, old, rollout, mask, advantages = inputs(seed)
-    args = strategy_args(loss_type=loss_type, rollout_rs="seq_sum_k1", rollout_rs_threshold="0.3_3")
+    args = strategy_args(loss_type=loss_type, rollout_rs="seq_sum_k1", rollout_rs_threshold="0.3_3",
+                         rollout_clip_ratio_c=0.0)  # the dual clip: tests/strategies/test_rollout_correction_loss.py
     ours = logps.clone().requires_grad_()
     terms, _ = STRATEGIES.get("rollout_correction_bypass")(args).loss_terms(
         LossContext(ours, old, advantages, mask, None, 0.2, 0.28, None, rollout))
     low, high = clip_range(terms, 0.2, 0.28)
     loss = apply_token_terms(policy_surrogate(loss_type, torch.exp(ours - old), advantages, ours, epsilon_low=low,
-                                              epsilon_high=high), terms)
+                                              epsilon_high=high), terms) * terms.loss_mask
     theirs = logps.clone().requires_grad_()
-    keep = rc.rejection_mask((old - torch.nan_to_num(rollout)) * mask, mask, "seq_sum_k1", "0.3_3")
+    # verl's bypass rejects on pi_theta / pi_rollout (compute_policy_loss_bypass_mode: old_log_prob=log_prob)
+    keep = rc.rejection_mask((logps - torch.nan_to_num(rollout)) * mask, mask, "seq_sum_k1", "0.3_3")
     direct = policy_surrogate(loss_type, torch.exp(theirs - torch.nan_to_num(rollout)), advantages, theirs,
                               epsilon_low=0.2, epsilon_high=0.28) * keep  # PPO on pi_theta / pi_rollout
     torch.testing.assert_close(loss * mask, direct * mask, rtol=1e-10, atol=1e-12)

@@ -109,7 +109,7 @@ def refuse_unavailable_sampling_entropy(strategies, rollout_func: Any) -> None:
     provide it: a custom ``rollout_func`` samples from a distribution the trainer never sees (another model, a
     search, a different decoding), so a forward of the trained model would be the entropy of another policy."""
     needing = [type(s).__name__ for s in strategies if getattr(s, "needs_entropies", False)]
-    if needing and rollout_func is not None:
+    if needing and rollout_func is not None and not getattr(rollout_func, "samples_trained_model", False):
         name = getattr(rollout_func, "__qualname__", type(rollout_func).__name__)
         raise ValueError(
             f"{', '.join(needing)} needs the sampling policy's per-token entropy, which the generation path "

@@ -7,7 +7,8 @@ strategies folded in (docs/methods.md §1 and "Strategy kinds"):
     r      = exp(log r),  log r at importance_sampling_level     (surrogates.log_importance_weights)
     w      = the weight strategy's token weights                 (1 without one)
     s      = surrogate(w r or r; eps_low, eps_high, A) [* w]     (surrogates.weighted_policy_surrogate)
-    l      = token_mask * where(gradient_mask, s, sg[s]) + extra_loss        (the loss strategies' terms)
+    l      = min(token_mask * where(gradient_mask, s, sg[s]), loss_cap) + extra_loss   (the loss strategies' terms;
+             their loss_mask takes tokens out of the mask below, normaliser included: verl's rejection)
     l      = l * off_policy_mask * entropy_mask * vllm_is_ratio              (TRL's masks and IS correction)
     l      = l + beta * kl_weight * kl(w)                        (surrogates.kl_penalty, the one KL estimator)
     L      = aggregate(l)  or  a sequence objective              (aggregation)
@@ -126,7 +127,8 @@ class LossBatch:
 class LossTensors:
     """The per-token tensors the loss used, detached when read (the telemetry's columns: ``COLUMNS``)."""
 
-    mask: torch.Tensor
+    mask: torch.Tensor  # the batch's loss mask (completion mask times tool mask)
+    loss_mask: torch.Tensor  # the mask the loss was aggregated over: ``mask`` less the tokens a strategy removed
     old_logp: torch.Tensor
     sampling_logp: torch.Tensor | None
     logp: torch.Tensor
@@ -172,7 +174,7 @@ class PolicyLossResult:
 
     def loss_shares(self) -> torch.Tensor:
         """(B, T) each token's factor in the aggregated loss (``aggregation.token_loss_shares``)."""
-        return token_loss_shares(self.tensors.mask, self.loss_type, accumulation_steps=self.accumulation_steps,
+        return token_loss_shares(self.tensors.loss_mask, self.loss_type, accumulation_steps=self.accumulation_steps,
                                  window_tokens=self.window_tokens, max_completion_length=self.max_completion_length)
 
 
@@ -201,6 +203,11 @@ def policy_loss(
         loss_factor = folded.loss_factor(logps.detach())
         advantages = loss_factor * advantages
     old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
+    terms, strategy_metrics, strategy_terms = strategies.loss_terms(LossContext(
+        logps, old_logps, advantages, mask, batch.entropies.detach(), s.epsilon_low, s.epsilon_high,
+        batch.entropy_mask, batch.sampling_logps))  # masks, extra terms, clip range, sequence objective
+    if terms is not None and terms.loss_mask is not None:  # e.g. rejected tokens: out of the loss and its normaliser
+        mask = mask * terms.loss_mask.to(mask.dtype)
     off_policy_mask = None
     if s.off_policy_mask_threshold is not None:
         off_policy_mask = GRPOTrainer.get_off_policy_mask(
@@ -208,9 +215,6 @@ def policy_loss(
             sampling_per_token_logps=old_logps if batch.sampling_logps is None else batch.sampling_logps,
             mask=mask, off_policy_threshold=s.off_policy_mask_threshold,
         )
-    terms, strategy_metrics, strategy_terms = strategies.loss_terms(LossContext(
-        logps, old_logps, advantages, mask, batch.entropies.detach(), s.epsilon_low, s.epsilon_high,
-        batch.entropy_mask, batch.sampling_logps))  # masks, extra terms, clip range, sequence objective
     epsilon_low, epsilon_high = clip_range(terms, s.epsilon_low, s.epsilon_high)
     log_ratio = logps - old_logps
     coef_1 = torch.exp(log_importance_weights(logps, old_logps, mask, s.importance_sampling_level))
@@ -233,6 +237,8 @@ def policy_loss(
         sapo_temperature_neg=s.sapo_temperature_neg, phi_seq=phi_seq,
     )
     per_token_loss = apply_token_terms(per_token_loss, terms)
+    if terms is not None and terms.loss_mask is not None:  # a removed token's term is 0, as its share is
+        per_token_loss = per_token_loss * terms.loss_mask.to(per_token_loss.dtype)
     if off_policy_mask is not None:
         per_token_loss = per_token_loss * off_policy_mask
     if batch.entropy_mask is not None:
@@ -283,8 +289,9 @@ def policy_loss(
     if bad:
         strategies.checker.raise_for_weights(strategies.weight, weights, logps, mask)
     tensors = LossTensors(
-        mask=mask, old_logp=old_logps, sampling_logp=batch.sampling_logps, logp=logps, ratio=coef_1,
-        surrogate_ratio=surrogate_ratio, entropy=batch.entropies, entropy_mask=batch.entropy_mask, weight=weights,
+        mask=batch.mask, loss_mask=mask, old_logp=old_logps, sampling_logp=batch.sampling_logps, logp=logps,
+        ratio=coef_1, surrogate_ratio=surrogate_ratio, entropy=batch.entropies, entropy_mask=batch.entropy_mask,
+        weight=weights,
         advantage=advantages, token_loss=per_token_loss, off_policy_mask=off_policy_mask, is_weight=is_weight,
         kl=per_token_kl, epsilon_low=epsilon_low, epsilon_high=epsilon_high, strategy_terms=strategy_terms,
     )

@@ -8,7 +8,10 @@ the beta * KL term, or, for a sequence-level objective, ``sequence_objective_los
 aggregation (``sharpgrpo.training.loss.aggregation``). Order inside the policy term (docs/methods.md, "Strategy
 kinds"):
 
-    l[i,t] = token_mask * where(gradient_mask, s, sg[s]) + extra_loss,    s = surrogate(r; eps_low[i,t], eps_high[i,t])
+    l[i,t] = min(token_mask * where(gradient_mask, s, sg[s]), loss_cap) + extra_loss,
+             s = surrogate(r; eps_low[i,t], eps_high[i,t])
+
+and ``loss_mask`` takes the token out of the mask the loss is aggregated over (its normaliser included).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ def collect_loss_terms(strategies, context: LossContext, check_metrics=None
         columns.update({f"{strategy_name}/{name}": value for name, value in per_token_terms(terms).items()})
         columns.update({f"{strategy_name}/{name}": value for name, value in declared_columns(strategy_name, strategy,
                                                                                              terms).items()})
-        for name in ("gradient_mask", "token_mask", "kl_weight"):
+        for name in ("gradient_mask", "token_mask", "loss_mask", "kl_weight"):
             combined = _merge(combined, name, getattr(terms, name), torch.mul)
+        combined = _merge(combined, "loss_cap", terms.loss_cap, torch.minimum)
         combined = _merge(combined, "extra_loss", terms.extra_loss, torch.add)
         for name in ("epsilon_low", "epsilon_high", "sequence_loss"):
             if getattr(terms, name) is not None:
@@ -62,14 +66,17 @@ def clip_range(terms: LossTerms | None, epsilon_low: float, epsilon_high: float)
 
 
 def apply_token_terms(per_token_loss: torch.Tensor, terms: LossTerms | None) -> torch.Tensor:
-    """The policy term with the strategies' masks and extra term: ``token_mask * where(gradient_mask, l, sg[l]) +
-    extra_loss``. (B, T) -> (B, T)."""
+    """The policy term with the strategies' masks, cap and extra term: ``min(token_mask * where(gradient_mask, l,
+    sg[l]), loss_cap) + extra_loss`` (where the cap binds, the term is the detached cap: no gradient). (B, T) ->
+    (B, T)."""
     if terms is None:
         return per_token_loss
     if terms.gradient_mask is not None:
         per_token_loss = torch.where(terms.gradient_mask.bool(), per_token_loss, per_token_loss.detach())
     if terms.token_mask is not None:
         per_token_loss = per_token_loss * terms.token_mask
+    if terms.loss_cap is not None:
+        per_token_loss = torch.minimum(per_token_loss, terms.loss_cap.detach().to(per_token_loss.dtype))
     if terms.extra_loss is not None:
         per_token_loss = per_token_loss + terms.extra_loss
     return per_token_loss

@@ -1,0 +1,39 @@
+"""The settings asynchronous generation cannot serve, refused in one line when the config is built (before any model
+loads); what it needs from the launch (one process) is checked when the rollout process starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_async_config(args: Any) -> None:
+    """Raise ``ConfigError`` naming the setting when ``async_generation`` is on with one it cannot serve yet, or when
+    ``max_staleness`` is set while it is off (a field of a feature that is off)."""
+    from sharpgrpo.validation import ConfigError
+
+    if not args.async_generation:
+        if args.max_staleness != 1:
+            raise ConfigError(f"max_staleness={args.max_staleness} has no effect without async_generation: true.")
+        return
+    refused = [
+        (args.use_vllm, "use_vllm: the rollout process generates with transformers; vLLM's server path is not "
+                        "built yet"),
+        (args.dynamic_sampling, "dynamic_sampling: its refill rounds generate prompts the read-ahead cannot know"),
+        (bool(args.deepspeed) or bool(args.fsdp), "DeepSpeed or FSDP: the rollout process takes the weights of one "
+                                                  "unsharded policy"),
+        (args.use_transformers_continuous_batching, "use_transformers_continuous_batching: the rollout process "
+                                                    "runs transformers' generate"),
+    ]
+    for refused_here, why in refused:
+        if refused_here:
+            raise ConfigError(f"async_generation with {why}.")
+
+
+def check_async_launch(num_processes: int, peft_model: bool) -> None:
+    """One process and a plain (non-PEFT) policy: what the rollout process can copy."""
+    if num_processes > 1:
+        raise ValueError(f"async_generation runs one rollout process for one trainer process; this launch has "
+                         f"{num_processes} processes.")
+    if peft_model:
+        raise ValueError("async_generation with a LoRA (peft) policy: the rollout process copies a plain model's "
+                         "weights; merge the adapter or train without async_generation.")

@@ -1,0 +1,98 @@
+"""Asynchronous generation (``async_generation``) trained for real on the tiny model, with its rollout process.
+
+* Staleness 0 equals synchronous training: the same seed trained 3 steps by ``SharpGRPOTrainer`` with its own
+  generation and with the rollout process (``max_staleness: 0``) logs the same numbers and ends with the same weights,
+  bit for bit (the rollout process builds the policy from its config, takes its weights from shared memory, runs
+  TRL's transformers generation and the trainer's generation capture, and hands the random state back), for
+  ``grpo_sg``, ``thr`` (hidden states from the rollout process's capture), ``cw_grpo`` (sampling log-probabilities
+  from it) and a composition.
+* Staleness is what is configured: with ``max_staleness`` k, every step's ``async/staleness`` is at most k, and the
+  second step's batch (submitted with the first one's weights) is exactly one version behind.
+* A rollout process that dies stops training with one line naming it.
+* Settings it cannot serve are refused in one line when the config is built.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import tiny_config, make_trainer
+
+from sharpgrpo.validation import ConfigError
+
+pytestmark = pytest.mark.slow
+TIMING = ("runtime", "per_second", "step_time", "wait_seconds")
+
+
+def train(model_path, output_dir, **overrides):
+    trainer = make_trainer(model_path, tiny_config(output_dir, **overrides))
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("strategies", [["grpo_sg"], ["thr"], ["cw_grpo"], ["grpo_sg", "ar"]])
+def test_staleness_zero_equals_synchronous_training(tiny_model_path, tmp_path, strategies):
+    synchronous = train(tiny_model_path, tmp_path / "sync", max_steps=3, strategies=strategies)
+    asynchronous = train(tiny_model_path, tmp_path / "async", max_steps=3, strategies=strategies,
+                         async_generation=True, max_staleness=0)
+    compared = 0
+    for ours, theirs in zip(asynchronous.state.log_history, synchronous.state.log_history, strict=True):
+        for key, value in theirs.items():
+            if isinstance(value, float) and not any(part in key for part in TIMING):
+                assert ours[key] == value or (math.isnan(value) and math.isnan(ours[key])), key
+                compared += 1
+        assert ours.get("async/staleness", 0.0) == 0.0
+    assert compared > 30
+    weights = dict(synchronous.model.named_parameters())
+    for name, parameter in asynchronous.model.named_parameters():
+        assert torch.equal(parameter, weights[name]), name
+    before = make_trainer(tiny_model_path, tiny_config(tmp_path / "untrained")).model
+    assert any(not torch.equal(p, dict(before.named_parameters())[n]) for n, p in weights.items())  # it trained
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_staleness_is_what_is_configured(tiny_model_path, tmp_path, k):
+    trainer = train(tiny_model_path, tmp_path, max_steps=6, async_generation=True, max_staleness=k)
+    staleness = [entry["async/staleness"] for entry in trainer.state.log_history if "async/staleness" in entry]
+    assert len(staleness) == 6
+    assert all(0 <= value <= k for value in staleness)
+    assert staleness[0] == 0 and staleness[1] == 1  # batch 2 was generated with the first step's weights
+    assert all(math.isfinite(entry.get("loss", 0.0)) for entry in trainer.state.log_history)
+
+
+def test_a_dead_rollout_process_stops_training_in_one_line(tiny_model_path, tmp_path):
+    from sharpgrpo.data.demo import allowed_letters_reward
+    from sharpgrpo.training.generation.async_rollout.client import RolloutProcessError
+
+    holder = {}
+
+    def reward_that_kills_the_rollout_process(prompts, completions, **kwargs):
+        holder["calls"] = holder.get("calls", 0) + 1
+        if holder["calls"] == 2:
+            holder["trainer"].rollout_func._process.kill()
+        return allowed_letters_reward(prompts, completions, **kwargs)
+
+    reward_that_kills_the_rollout_process.__name__ = "allowed_letters_reward"
+    trainer = make_trainer(tiny_model_path, tiny_config(tmp_path, max_steps=5, async_generation=True,
+                                                        max_staleness=1),
+                           reward_funcs=[reward_that_kills_the_rollout_process])
+    holder["trainer"] = trainer
+    with pytest.raises(RolloutProcessError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert "\n" not in message and "rollout process exited" in message
+    assert 2 <= trainer.state.global_step < 5
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (dict(max_staleness=2), "max_staleness=2 has no effect without async_generation"),
+    (dict(async_generation=True, max_staleness=-1), "max_staleness"),
+    (dict(async_generation=True, dynamic_sampling=True), "dynamic_sampling"),
+    (dict(async_generation=True, use_vllm=True), "use_vllm"),
+])
+def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path, overrides, named):
+    with pytest.raises(ConfigError) as error:
+        tiny_config(tmp_path, **overrides)
+    assert named in str(error.value) and "\n" not in str(error.value)
