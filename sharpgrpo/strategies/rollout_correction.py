@@ -437,7 +437,7 @@ class _RolloutCorrection(TokenLossStrategy):
             raise ConfigError(f"strategies: {name} corrects for the sampling engine, whose per-token "
                               "log-probabilities come only with use_vllm=True or async_generation=true (the trainer's "
                               "own transformers generation samples from the policy itself).")
-        if args.vllm_importance_sampling_correction:
+        if args.use_vllm and args.vllm_importance_sampling_correction:
             raise ConfigError(f"strategies: {name} replaces TRL's vLLM importance-sampling correction; set "
                               "vllm_importance_sampling_correction=false.")
         truncating = [f"{key}={value}" for key, value, off in (("top_k", args.top_k, (0, -1, None)),

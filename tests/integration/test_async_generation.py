@@ -96,3 +96,21 @@ def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path, overrides, n
     with pytest.raises(ConfigError) as error:
         tiny_config(tmp_path, **overrides)
     assert named in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.every_strategy)
+                                  for name in __import__("integration.test_training", fromlist=["BUILTIN"]).BUILTIN])
+def test_every_strategy_trains_two_asynchronous_steps(tiny_model_path, tmp_path, name):
+    """Each registered strategy trains 2 steps one version behind (max_staleness 1), with finite metrics and moved
+    weights, or is refused in one line when the config is built (skipped here with that line)."""
+    from integration.test_training import binary_reward_trainer, strategy_config, train_and_check
+
+    try:
+        trainer = binary_reward_trainer(tiny_model_path, tmp_path, strategies=[name], async_generation=True,
+                                        max_staleness=1, **strategy_config([name]))
+    except ConfigError as error:
+        assert "\n" not in str(error)
+        pytest.skip(f"{name} is refused with async_generation on the CPU demo: {error}")
+    logs = train_and_check(trainer)
+    assert [entry["async/staleness"] for entry in logs] == [0.0, 1.0]
+    assert all(math.isfinite(value) for entry in logs for value in entry.values() if isinstance(value, float))
