@@ -1,0 +1,60 @@
+"""``maxrl``, ``rlsd`` and ``echo`` in the trainer (docs/methods.md §18): real generation batches of the tiny model give
+what the authors' released functions give (their float64 reproductions in ``tests/strategies``), bad inputs are
+refused in one line, and two training steps change the parameters with finite metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import binary_letters_reward, cpu_config, make_trainer, sampling_trainer, tiny_config
+
+
+def test_generation_batch_advantages_are_maxrls(tiny_model_path, tmp_path):
+    """A real generation batch of the tiny model (two groups of 8, binary rewards): the trainer's advantages are the
+    released estimator of the batch's rewards (its lines reproduced in tests/strategies/test_maxrl.py); the demo's
+    graded reward is refused with maxrl's line."""
+    from sharpgrpo.data.demo import demo_dataset
+
+    trainer = sampling_trainer(tiny_model_path, tmp_path / "binary", strategies=["maxrl"])
+    seen = {}
+    maxrl = trainer.advantage_strategies[0]
+    original = maxrl.token_advantages
+    maxrl.token_advantages = lambda batch: seen.setdefault("batch", batch) and original(batch)
+    torch.manual_seed(1)
+    output = trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+    rewards = seen["batch"].rewards.double()
+    assert set(rewards.tolist()) <= {0.0, 1.0} and 0 < rewards.sum() < 16
+    mask = output["completion_mask"].double()
+    groups = rewards.view(2, 8)
+    mean = groups.mean(dim=1, keepdim=True)
+    expected = ((groups - mean) / (mean + 1e-6)).flatten()[:, None] * mask  # released L435-438
+    torch.testing.assert_close(output["advantages"].double() * mask, expected, rtol=0, atol=1e-6)  # float32 output
+
+    graded = make_trainer(tiny_model_path, cpu_config(tmp_path / "graded", strategies=["maxrl"],
+                                                      per_device_train_batch_size=16, num_generations=8,
+                                                      max_completion_length=8, seed=0), train_dataset=16)
+    with pytest.raises(ValueError, match="maxrl needs binary rewards"):
+        graded._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+
+
+def trained_logs(model_path, output_dir, reward_funcs=(binary_letters_reward,), **overrides) -> list[dict]:
+    """Two training steps of the tiny model with ``overrides``: asserts that parameters changed and every logged
+    number is finite; returns the two log entries."""
+    trainer = make_trainer(model_path, tiny_config(output_dir, max_steps=2, **overrides), reward_funcs=reward_funcs)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2
+    for entry in logs:
+        bad = {k: v for k, v in entry.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, f"non-finite metrics {bad}"
+    return logs
+
+
+@pytest.mark.slow
+def test_maxrl_trains_two_steps(tiny_model_path, tmp_path):
+    for entry in trained_logs(tiny_model_path, tmp_path, strategies=["maxrl"]):
+        assert 0 <= entry["maxrl/frac_all_fail_groups"] <= 1 and entry["maxrl/max_advantage"] >= 0
