@@ -58,3 +58,38 @@ def trained_logs(model_path, output_dir, reward_funcs=(binary_letters_reward,), 
 def test_maxrl_trains_two_steps(tiny_model_path, tmp_path):
     for entry in trained_logs(tiny_model_path, tmp_path, strategies=["maxrl"]):
         assert 0 <= entry["maxrl/frac_all_fail_groups"] <= 1 and entry["maxrl/max_advantage"] >= 0
+
+
+def test_generation_batch_advantages_are_rlsds(tiny_model_path, tmp_path):
+    """A real generation batch with SDPO's self-teacher: the trainer's advantages are RLSD's reweighting (the released
+    lines, reproduced in tests/strategies/test_rlsd.py) of TRL's advantages by the self-teacher's log-probabilities the
+    generation input computed; completions without a successful sibling keep TRL's advantage."""
+    from sharpgrpo.data.demo import demo_dataset
+    from sharpgrpo.strategies.distillation import rlsd_advantages
+
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["rlsd"])
+    seen = {}
+    rlsd = trainer.advantage_strategies[0]
+    assert rlsd.needs_inputs == ("self_teacher_logps",)
+    original = rlsd.token_advantages
+    rlsd.token_advantages = lambda batch: seen.setdefault("batch", batch) and original(batch)
+    torch.manual_seed(1)
+    output = trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+    batch = seen["batch"]
+    teacher = batch.extras["self_teacher_logps"].double()
+    rows = torch.isfinite(teacher).any(dim=1)
+    assert rows.any() and (batch.advantages != 0).any()
+    mask = output["completion_mask"].double()
+    expected, _, _ = rlsd_advantages(batch.advantages.double(), torch.nan_to_num(teacher), batch.old_logps.double(),
+                                     mask, 0.5, 0.2)
+    expected = torch.where(rows[:, None], expected, batch.advantages.double() * mask)
+    torch.testing.assert_close(output["advantages"].double() * mask, expected, rtol=0, atol=1e-6)
+    assert ((expected - batch.advantages.double() * mask).abs() > 1e-4).any()  # the teacher moved some token
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("teacher", [{"rlsd_teacher": "self"}, {"rlsd_teacher": "teacher_model",
+                                                                 "teacher_model": "ema"}], ids=lambda t: t["rlsd_teacher"])
+def test_rlsd_trains_two_steps(tiny_model_path, tmp_path, teacher):
+    for entry in trained_logs(tiny_model_path, tmp_path, strategies=["rlsd"], **teacher):
+        assert 0 < entry["rlsd/reweight_mean"] <= 1.2 and 0 <= entry["rlsd/teacher_fraction"] <= 1
