@@ -401,6 +401,13 @@ class StrategyParams:
         "rlsd_reweight_clip_range: 0.2 in its config, else the actor's clip_ratio_low, 0.2).",
         between(0, 1),
     )
+    # ECHO (docs/methods.md §18.7).
+    echo_coef: float = param(
+        0.1, "`echo`: alpha of ECHO's cross-entropy alpha * (-log p) on the environment's tokens (tool results, "
+        "retrieved passages; TRL's tool_mask 0), averaged over them beside the policy loss (prime-rl EchoRoleConfig."
+        "alpha: 0.1 for the tool role; rllm's ECHO uses 0.05 as the paper's). docs/methods.md §18.7.",
+        positive(),
+    )
 
     # Rollout correction between the sampling engine (vLLM) and the trainer (docs/methods.md, "Rollout correction").
     # Defaults: verl's RolloutCorrectionConfig (verl/trainer/config/algorithm.py) and its decoupled_seq_is preset.

@@ -93,3 +93,39 @@ def test_generation_batch_advantages_are_rlsds(tiny_model_path, tmp_path):
 def test_rlsd_trains_two_steps(tiny_model_path, tmp_path, teacher):
     for entry in trained_logs(tiny_model_path, tmp_path, strategies=["rlsd"], **teacher):
         assert 0 < entry["rlsd/reweight_mean"] <= 1.2 and 0 <= entry["rlsd/teacher_fraction"] <= 1
+
+
+def tool_batch(trainer, seed: int = 0, rows: int = 4, length: int = 10) -> dict:
+    """A micro-batch whose completions hold a tool result (``tool_mask`` 0) after the model's first tokens."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = trainer.model.config.vocab_size
+    completion_mask = (torch.arange(length)[None] < torch.tensor([10, 9, 7, 10])[:, None]).long()
+    tool_mask = torch.ones(rows, length, dtype=torch.long)
+    tool_mask[:3, 2:6] = 0  # the last row has no tool result
+    return {"prompt_ids": torch.randint(0, vocab, (rows, 3), generator=g),
+            "prompt_mask": torch.ones(rows, 3, dtype=torch.long),
+            "completion_ids": torch.randint(0, vocab, (rows, length), generator=g), "completion_mask": completion_mask,
+            "tool_mask": tool_mask, "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+            "num_items_in_batch": (completion_mask * tool_mask).sum()}
+
+
+def test_echo_in_the_trainers_loss(tiny_model_path, tmp_path):
+    """The trainer's ``_compute_loss`` on a micro-batch with tool results: with ``echo`` the loss is the plain one plus
+    ``echo_coef`` times the mean -log p of the tool-result tokens, the log-probabilities from an independent forward
+    (prime-rl's ce component, tests/strategies/test_echo.py)."""
+    losses, logps = {}, None
+    for name, strategies in (("plain", ["grpo_sg"]), ("echo", ["grpo_sg", "echo"])):
+        args = cpu_config(tmp_path / name, strategies=strategies, echo_coef=0.1, per_device_train_batch_size=4,
+                          num_generations=2, max_completion_length=10, seed=0)
+        trainer = make_trainer(tiny_model_path, args, train_dataset=4)
+        inputs = tool_batch(trainer)
+        with torch.no_grad():
+            losses[name] = float(trainer._compute_loss(trainer.model, inputs))
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / args.temperature
+            logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+    env = (inputs["completion_mask"] * (1 - inputs["tool_mask"])).double()
+    expected = float((-0.1 * logps * env).sum() / env.sum())
+    assert losses["echo"] - losses["plain"] == pytest.approx(expected, abs=1e-5)
+    assert expected > 0.1  # the tiny model is far from predicting random tool tokens
