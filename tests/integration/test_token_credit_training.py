@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import binary_letters_reward, cpu_config, make_trainer, sampling_trainer, tiny_config
@@ -54,10 +55,21 @@ def trained_logs(model_path, output_dir, reward_funcs=(binary_letters_reward,), 
     return logs
 
 
+def telemetry_columns(run, step: int = 1):
+    """The per-token telemetry file of ``step``: (frame, column descriptions)."""
+    from sharpgrpo.diagnostics.telemetry import read_telemetry
+
+    frame, meta = read_telemetry(run / "telemetry" / f"telemetry_{step:06d}.parquet")
+    return frame, meta["columns"]
+
+
 @pytest.mark.slow
 def test_maxrl_trains_two_steps(tiny_model_path, tmp_path):
-    for entry in trained_logs(tiny_model_path, tmp_path, strategies=["maxrl"]):
+    for entry in trained_logs(tiny_model_path, tmp_path, strategies=["maxrl"], token_telemetry=True):
         assert 0 <= entry["maxrl/frac_all_fail_groups"] <= 1 and entry["maxrl/max_advantage"] >= 0
+    frame, described = telemetry_columns(tmp_path)
+    means = frame["maxrl/group_mean"].to_numpy() * 8  # success rates of groups of 8
+    assert np.allclose(means, np.round(means)) and described["maxrl/group_mean"].startswith("maxrl (advantage")
 
 
 def test_generation_batch_advantages_are_rlsds(tiny_model_path, tmp_path):
@@ -91,8 +103,12 @@ def test_generation_batch_advantages_are_rlsds(tiny_model_path, tmp_path):
 @pytest.mark.parametrize("teacher", [{"rlsd_teacher": "self"}, {"rlsd_teacher": "teacher_model",
                                                                  "teacher_model": "ema"}], ids=lambda t: t["rlsd_teacher"])
 def test_rlsd_trains_two_steps(tiny_model_path, tmp_path, teacher):
-    for entry in trained_logs(tiny_model_path, tmp_path, strategies=["rlsd"], **teacher):
+    for entry in trained_logs(tiny_model_path, tmp_path, strategies=["rlsd"], token_telemetry=True, **teacher):
         assert 0 < entry["rlsd/reweight_mean"] <= 1.2 and 0 <= entry["rlsd/teacher_fraction"] <= 1
+    frame, described = telemetry_columns(tmp_path, step=2)
+    weight = frame["rlsd/weight"].to_numpy()
+    assert ((weight >= 0.9 - 1e-6) & (weight <= 1.1 + 1e-6)).all()  # (1 - 0.5) + 0.5 clip(w, 0.8, 1.2)
+    assert {"rlsd/teacher_logp", "rlsd/weight"} <= set(described)
 
 
 def tool_batch(trainer, seed: int = 0, rows: int = 4, length: int = 10) -> dict:
