@@ -383,6 +383,31 @@ class StrategyParams:
         10240, "`sdpo`: the self-teacher's prompt keeps its last this many tokens (TRL max_reprompt_len: 10240).",
         integer(1),
     )
+    # RLSD (docs/methods.md §18.4).
+    rlsd_teacher: str = param(
+        "self", "`rlsd`: the teacher whose log-probability gap sets each token's weight: `self` (SDPO's self-teacher: "
+        "the policy reprompted with a successful sibling and, with `sdpo_feedback`, the row's `privileged_context`, "
+        "e.g. the reference answer as RLSD's released runs give it; `sdpo_teacher`, `sdpo_success_threshold`) or "
+        "`teacher_model` (the teacher `teacher_model` names). docs/methods.md §18.4.",
+        one_of("self", "teacher_model"),
+    )
+    rlsd_lambda: float = param(
+        0.5, "`rlsd`: A' = A ((1 - lambda) + lambda clip(w, 1 +- rlsd_clip)); 0.5 as the authors' code and configs "
+        "(iie-ycx/RLSD opsd_config.py rlsd_lambda, rlsd_config.yaml); the paper's equation A clip(w) is 1.",
+        between(0, 1),
+    )
+    rlsd_clip: float = param(
+        0.2, "`rlsd`: eps_w of clip(w, 1 - eps_w, 1 + eps_w), w = exp(sign(A) (log pi_T - log pi_S)) (RLSD's "
+        "rlsd_reweight_clip_range: 0.2 in its config, else the actor's clip_ratio_low, 0.2).",
+        between(0, 1),
+    )
+    # ECHO (docs/methods.md §18.7).
+    echo_coef: float = param(
+        0.1, "`echo`: alpha of ECHO's cross-entropy alpha * (-log p) on the environment's tokens (tool results, "
+        "retrieved passages; TRL's tool_mask 0), averaged over them beside the policy loss (prime-rl EchoRoleConfig."
+        "alpha: 0.1 for the tool role; rllm's ECHO uses 0.05 as the paper's). docs/methods.md §18.7.",
+        positive(),
+    )
 
     # Rollout correction between the sampling engine (vLLM) and the trainer (docs/methods.md, "Rollout correction").
     # Defaults: verl's RolloutCorrectionConfig (verl/trainer/config/algorithm.py) and its decoupled_seq_is preset.

@@ -317,6 +317,9 @@ class LossContext:
         sampling_logps: (B, T) detached log-probabilities reported by the sampling engine (TRL's
             ``sampling_per_token_logps``: vLLM's, which may differ from ``old_logps``; NaN where it could not score a
             token), or None when the engine reports none (transformers generation): the input of rollout corrections.
+        env_mask: (B, T) {0, 1} or None, 1 on the completion tokens the environment wrote (TRL's ``tool_mask`` 0: tool
+            results, the search setting's retrieved passages), which ``mask`` leaves out; None when the batch has no
+            tool mask. ``logps`` covers them (the forward scores every completion token).
     """
 
     logps: torch.Tensor
@@ -328,6 +331,7 @@ class LossContext:
     epsilon_high: float
     entropy_mask: torch.Tensor | None = None
     sampling_logps: torch.Tensor | None = None
+    env_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -357,6 +361,9 @@ class LossTerms:
         sequence_loss: (B,) per-sequence policy loss replacing the per-token surrogate and its aggregation: the
             micro-batch's policy loss is its mean over sequences, plus beta times each sequence's token-mean KL
             (GMPO, TRL's ``trl.experimental.gmpo``).
+        env_loss: a per-token term on the environment's tokens (``LossContext.env_mask``), outside the policy loss
+            and its aggregation: the micro-batch adds its sum over those tokens divided by their number (and by the
+            gradient accumulation steps), as prime-rl normalises its ``ce`` component by its own token count: ECHO.
         columns: per-token diagnostics that do not enter the loss, (B, T) each, by name: the per-token telemetry's
             ``<strategy>/<name>`` columns (a rollout correction's importance weight before rejection), each
             declared with what it holds in the strategy's ``TokenLossStrategy.columns``.
@@ -372,6 +379,8 @@ class LossTerms:
         "epsilon_low": "the strategy's per-token low clip range epsilon_low",
         "epsilon_high": "the strategy's per-token high clip range epsilon_high",
         "kl_weight": "the strategy's factor on the token's beta * KL term",
+        "env_loss": "the strategy's per-token term on an environment token (tool result, retrieved passage), averaged "
+                    "over the micro-batch's environment tokens apart from the policy loss",
     }
 
     gradient_mask: torch.Tensor | None = None
@@ -383,6 +392,7 @@ class LossTerms:
     epsilon_high: torch.Tensor | None = None
     kl_weight: torch.Tensor | None = None
     sequence_loss: torch.Tensor | None = None
+    env_loss: torch.Tensor | None = None
     columns: dict[str, torch.Tensor] = field(default_factory=dict)
 
 

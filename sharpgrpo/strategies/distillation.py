@@ -24,8 +24,14 @@ the negative of the single-sample reverse KL (the "k1" estimator) that the refer
   sampled-token loss (log p - log q).detach() * log p has the gradient of -d * log p: the policy gradient of advantage
   d, which is why it is an advantage here.
 
-Pure tensor code; the teacher's log-probabilities come from the generation input ``teacher_logps``
-(``sharpgrpo.training.generation.teacher``).
+* ``rlsd`` (RLSD, arXiv 2604.03128; docs/methods.md §18.4): the teacher sets each token's magnitude, the reward its
+  direction: A' = A ((1 - lambda) + lambda clip(exp(sign(A) d), 1 - eps, 1 + eps)) (iie-ycx/RLSD@93e46f7
+  ``verl/workers/actor/dp_opsd_actor.py`` ``_build_stgca_advantages`` L209-239, called from
+  ``update_policy_grpo_opsd`` L426-567 with lambda ``rlsd_lambda`` 0.5 and eps the clip range 0.2). The weight is
+  detached and positive, so it never flips A's sign: an advantage, like the others here.
+
+Pure tensor code; the teacher's log-probabilities come from the generation inputs ``teacher_logps`` and
+``self_teacher_logps`` (``sharpgrpo.training.generation.teacher``).
 """
 
 from __future__ import annotations
@@ -77,6 +83,18 @@ def sdpo_advantages(advantages: torch.Tensor, gap: torch.Tensor, teacher_rows: t
     incoming one as TRL's ``distillation_weight`` mixes the two losses. ``teacher_rows`` (B,) {0, 1}: the completions
     that have a self-teacher (TRL's ``self_distillation_mask``). (B, T), (B, T), (B,) -> (B, T)."""
     return (1.0 - weight) * advantages + weight * gap * teacher_rows.to(gap.dtype)[:, None]
+
+
+def rlsd_advantages(advantages: torch.Tensor, teacher_logps: torch.Tensor, student_logps: torch.Tensor,
+                    mask: torch.Tensor, lam: float, clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RLSD's reweighted advantage (arXiv 2604.03128; iie-ycx/RLSD@93e46f7 ``dp_opsd_actor.py`` L219-239):
+    w = exp(sign(A) (log pi_T - log pi_S)) on the mask, r = (1 - lam) + lam clip(w, 1 - clip, 1 + clip) on the mask
+    (0 off it), A' = A r. The paper's A clip(w, 1 +- eps) is ``lam`` = 1. Returns (A', w, r); (B, T) each."""
+    mask = mask.to(advantages.dtype)
+    delta = (teacher_logps.to(advantages.dtype) - student_logps.to(advantages.dtype)) * mask
+    weights = torch.exp(torch.sign(advantages) * delta) * mask
+    reweight = ((1.0 - lam) + lam * weights.clamp(1.0 - clip, 1.0 + clip)) * mask
+    return advantages * reweight, weights, reweight
 
 
 def _teacher_gap(batch: GenerationBatch, name: str, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,4 +291,70 @@ class SelfDistillationStrategy(_TeacherStrategy):
             )
         advantages = sdpo_advantages(batch.advantages.float(), gap, rows, self.args.sdpo_weight)
         self._columns = {"teacher_logp": raw_teacher, "term": self.args.sdpo_weight * gap * rows[:, None].float()}
+        return advantages.to(batch.advantages.dtype), metrics
+
+
+RLSD_TEACHER_INPUTS = {"self": "self_teacher_logps", "teacher_model": "teacher_logps"}
+
+
+@register_strategy("rlsd")
+class RLSDStrategy(_TeacherStrategy):
+    """``rlsd``: A' = A ((1 - ``rlsd_lambda``) + ``rlsd_lambda`` clip(exp(sign(A) (log pi_T - log pi_old)), 1 +-
+    ``rlsd_clip``)), the teacher ``rlsd_teacher``: SDPO's self-teacher (``self``: the policy reprompted with a
+    successful sibling and, with ``sdpo_feedback``, the row's ``privileged_context``) or ``teacher_model``. Completions
+    without a self-teacher keep A (weight 1). docs/methods.md §18.4."""
+
+    params = ("rlsd_teacher", "rlsd_lambda", "rlsd_clip", "teacher_model", "teacher_ema_decay", "sdpo_teacher",
+              "sdpo_success_threshold", "sdpo_feedback", "sdpo_max_reprompt_length")
+    # Both teachers' inputs are registered; an instance needs only its own (``__init__``).
+    needs_inputs = tuple(RLSD_TEACHER_INPUTS.values())
+    metrics = ("rlsd/teacher_logp_mean", "rlsd/delta_mean", "rlsd/weight_mean", "rlsd/reweight_mean",
+               "rlsd/clip_low_ratio", "rlsd/clip_high_ratio", "rlsd/teacher_fraction")
+    columns = {"teacher_logp": "the teacher's log-probability of the sampled token (rlsd_teacher); NaN in completions "
+               "without a self-teacher",
+               "weight": "RLSD's factor on the token's advantage: (1 - rlsd_lambda) + rlsd_lambda * clip(exp(sign(A) "
+               "(teacher_logp - old_logp)), 1 +- rlsd_clip)"}
+    paper = StrategyPaper(
+        "Self-Distilled RLVR",
+        "Yang et al. 2026, Self-Distilled RLVR (arXiv:2604.03128)",
+        "2604.03128",
+    )
+
+    @classmethod
+    def check_config(cls, args: Any) -> None:
+        if args.rlsd_teacher == "teacher_model":
+            super().check_config(args)
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.needs_inputs = (RLSD_TEACHER_INPUTS[args.rlsd_teacher],)
+
+    def uses_ema_teacher(self) -> bool:
+        if self.args.rlsd_teacher == "self":
+            return self.args.sdpo_teacher == "ema"
+        return self.args.teacher_model == "ema"
+
+    def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        name = self.needs_inputs[0]
+        teacher = batch.extras.get(name)
+        if teacher is None or batch.old_logps is None:
+            raise ValueError(f"rlsd needs GenerationBatch.extras[{name!r}] and old_logps.")
+        rows = torch.isfinite(teacher).any(dim=1)  # the self-teacher is NaN on completions that have none
+        mask = batch.completion_mask.double() * rows[:, None]
+        teacher64 = torch.nan_to_num(teacher.double(), nan=0.0)
+        advantages, weights, reweight = rlsd_advantages(batch.advantages.double(), teacher64,
+                                                        batch.old_logps.double(), mask, self.args.rlsd_lambda,
+                                                        self.args.rlsd_clip)
+        advantages = torch.where(rows[:, None], advantages, batch.advantages.double())
+        reweight = torch.where(rows[:, None], reweight, 1.0)
+        self._scores = reweight.float()
+        self._columns = {"teacher_logp": teacher.float(), "weight": reweight.float()}
+        clip = self.args.rlsd_clip
+        metrics = {"rlsd/teacher_logp_mean": _masked_mean(teacher64, mask),
+                   "rlsd/delta_mean": _masked_mean((teacher64 - batch.old_logps.double()) * mask, mask),
+                   "rlsd/weight_mean": _masked_mean(weights, mask),
+                   "rlsd/reweight_mean": _masked_mean(reweight, batch.completion_mask.double()),
+                   "rlsd/clip_low_ratio": _masked_mean((weights < 1 - clip).double(), mask),
+                   "rlsd/clip_high_ratio": _masked_mean((weights > 1 + clip).double(), mask),
+                   "rlsd/teacher_fraction": float(rows.double().mean())}
         return advantages.to(batch.advantages.dtype), metrics

@@ -142,6 +142,47 @@ def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
         server.stop()
 
 
+
+def test_echo_trains_on_retrieved_passages(tmp_path, search_model):
+    """ECHO (docs/methods.md §18.7) on the search setting's multi-turn episodes: the retrieved passages' tokens get the
+    gradient of echo_coef * their mean -log p, exactly -echo_coef / |env| on each log-probability, while the model's
+    own tokens keep the policy gradient; two training steps against the retrieval server log finite echo metrics with
+    environment tokens in them."""
+    from sharpgrpo.cli import train
+    from sharpgrpo.search.session import retrieval_session, search_rollout
+
+    (tmp_path / "grad").mkdir()
+    (tmp_path / "train").mkdir()
+    task, args, model_args, search = make_args(tmp_path / "grad", search_model, max_steps=1,
+                                               strategies=["grpo_sg", "echo"], echo_coef=0.1)
+    with retrieval_session(search, args.output_dir) as client:
+        trainer = train._main(task, args, model_args, rollout_func=search_rollout(search, client))
+        inputs = [trainer.train_dataset[i // 2] for i in range(4)]
+        trainer.model.train()
+        output = trainer._generate_and_score_completions(inputs)
+    env = (output["tool_mask"] == 0) & (output["completion_mask"] == 1)
+    assert env.any()
+    captured = {}
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def capturing(*a, **k):
+        logps, entropies, aux = forward(*a, **k)
+        logps.retain_grad()
+        captured["logps"] = logps
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = capturing
+    trainer._compute_loss(trainer.model, output).backward()
+    grad = captured["logps"].grad
+    torch.testing.assert_close(grad[env], torch.full_like(grad[env], -0.1 / int(env.sum())), rtol=1e-6, atol=0)
+
+    task, args, model_args, search = make_args(tmp_path / "train", search_model, strategies=["grpo_sg", "echo"])
+    trainer = train.main(task, args, model_args, search)
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2
+    assert all(entry["echo/nll"] >= 0 and entry["echo/env_tokens"] >= 0 for entry in logs)
+    assert sum(entry["echo/env_tokens"] for entry in logs) > 0 and any(entry["echo/nll"] > 0 for entry in logs)
+
 def per_turn_search_reward(prompts, completions, search_turns, golden_answers, **kwargs):
     """A per-turn reward of a search episode: -0.1 for every turn that searched, then the exact match on the last
     turn (docs/methods.md §15.6); ``search_turns`` is the rollout's count of model turns, passed by TRL."""

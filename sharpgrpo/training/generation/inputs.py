@@ -53,6 +53,14 @@ def loss_mask(batch: dict[str, Any]) -> torch.Tensor:
     return mask if batch.get("tool_mask") is None else mask * batch["tool_mask"]
 
 
+def environment_mask(batch: dict[str, Any]) -> torch.Tensor | None:
+    """The completion tokens the environment wrote (tool results, retrieved passages: ``tool_mask`` 0), (B, T), or
+    None when the batch has no ``tool_mask``."""
+    if batch.get("tool_mask") is None:
+        return None
+    return batch["completion_mask"] * (1 - batch["tool_mask"])
+
+
 def input_providers(trainer, names: tuple[str, ...]) -> dict[str, Callable[[dict[str, Any]], torch.Tensor]]:
     """The providers of ``names`` for ``trainer``, each factory called once."""
     return {name: GENERATION_INPUTS.get(name)(trainer) for name in names}

@@ -12,6 +12,7 @@ strategies folded in (docs/methods.md §1 and "Strategy kinds"):
     l      = l * off_policy_mask * entropy_mask * vllm_is_ratio              (TRL's masks and IS correction)
     l      = l + beta * kl_weight * kl(w)                        (surrogates.kl_penalty, the one KL estimator)
     L      = aggregate(l)  or  a sequence objective              (aggregation)
+    L      = L + sum(env_loss * env_mask) / sum(env_mask)        (a loss strategy's term on environment tokens: ECHO)
     L      = L - entropy_coef * H  + router_aux_loss_coef * aux  (TRL's entropy bonus and MoE auxiliary loss)
 
 It reads no trainer: what the trainer knows arrives as ``LossBatch`` (this micro-batch's tensors, TRL's masks
@@ -40,7 +41,7 @@ from sharpgrpo.training.loss.aggregation import (
 )
 from sharpgrpo.training.loss.metrics import global_masked_mean, loss_metrics, process_means, weight_metrics
 from sharpgrpo.training.loss.surrogates import kl_penalty, log_importance_weights, weighted_policy_surrogate
-from sharpgrpo.training.loss.terms import apply_token_terms, clip_range, weighted_kl
+from sharpgrpo.training.loss.terms import apply_token_terms, clip_range, environment_token_loss, weighted_kl
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class LossBatch:
         num_items_in_batch: TRL's count of a generation batch's loss tokens over all processes (window normaliser).
         accumulation_steps: gradient accumulation steps of the window (1 in evaluation).
         training: a training micro-batch (the window normaliser spans ``accumulation_steps``).
+        env_mask: (B, T) {0, 1} the completion tokens the environment wrote (TRL's tool mask 0), or None.
     """
 
     logps: torch.Tensor
@@ -121,6 +123,7 @@ class LossBatch:
     num_items_in_batch: torch.Tensor | None = None
     accumulation_steps: float = 1.0
     training: bool = True
+    env_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ def policy_loss(
     old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
     terms, strategy_metrics, strategy_terms = strategies.loss_terms(LossContext(
         logps, old_logps, advantages, mask, batch.entropies.detach(), s.epsilon_low, s.epsilon_high,
-        batch.entropy_mask, batch.sampling_logps))  # masks, extra terms, clip range, sequence objective
+        batch.entropy_mask, batch.sampling_logps, batch.env_mask))  # masks, extra terms, clip range, sequence loss
     if terms is not None and terms.loss_mask is not None:  # e.g. rejected tokens: out of the loss and its normaliser
         mask = mask * terms.loss_mask.to(mask.dtype)
     off_policy_mask = None
@@ -260,6 +263,9 @@ def policy_loss(
     else:
         loss, policy_part = aggregate_loss(per_token_loss, mask, s.loss_type, accumulation_steps=accumulation,
                                            window_tokens=window_tokens, max_completion_length=s.max_completion_length)
+    env_loss = environment_token_loss(terms, batch.env_mask, accumulation)  # ECHO: its own token mean
+    if env_loss is not None:
+        loss = loss + env_loss
     metrics: dict[str, float] = {}
     entropy_stats = None
     if s.entropy_bonus:  # TRL's: the coefficient times the mean entropy over the effective mask, per window

@@ -43,6 +43,7 @@ def collect_loss_terms(strategies, context: LossContext, check_metrics=None
             combined = _merge(combined, name, getattr(terms, name), torch.mul)
         combined = _merge(combined, "loss_cap", terms.loss_cap, torch.minimum)
         combined = _merge(combined, "extra_loss", terms.extra_loss, torch.add)
+        combined = _merge(combined, "env_loss", terms.env_loss, torch.add)
         for name in ("epsilon_low", "epsilon_high", "sequence_loss"):
             if getattr(terms, name) is not None:
                 setattr(combined, name, getattr(terms, name))
@@ -102,3 +103,13 @@ def declared_columns(strategy_name: str, strategy, terms: LossTerms) -> dict[str
     undeclared one (or one named like a ``LossTerms`` field) is refused naming the strategy
     (``strategies.base.declared_columns``, the check every kind's columns pass)."""
     return checked_columns(strategy_name, strategy, terms.columns, reserved=tuple(LossTerms.TERMS))
+
+
+def environment_token_loss(terms: LossTerms | None, env_mask: torch.Tensor | None, accumulation_steps: float
+                           ) -> torch.Tensor | None:
+    """The strategies' ``env_loss`` summed over the environment tokens of the micro-batch, divided by their number
+    (1 at least) and by the accumulation steps; None when no strategy set one or the batch has no such tokens."""
+    if terms is None or terms.env_loss is None or env_mask is None:
+        return None
+    env_mask = env_mask.to(terms.env_loss.dtype)
+    return (terms.env_loss * env_mask).sum() / env_mask.sum().clamp(min=1.0) / accumulation_steps
