@@ -382,6 +382,14 @@ class LifecycleCallback(TrainerCallback):
             if read_output_marker(args.output_dir) is None and not folder_entries(Path(args.output_dir)):
                 write_output_marker(args.output_dir, TRAIN_COMMAND)  # a run from Python: the folder is the run's
             write_training_args(args, args.output_dir)
+            from sharpgrpo.run.run_record import write_run_record
+
+            command_line = getattr(self.trainer, "run_arguments", None)  # set by `sharpgrpo train`, else from Python
+            config = {**_json_safe(args.to_dict()), **(command_line or {})}
+            self.trainer.run_record_path = write_run_record(
+                args.output_dir, TRAIN_COMMAND, config, processes=self.trainer.accelerator.num_processes,
+                argv=sys.argv[1:] if command_line is not None else None,
+            )  # fmt: skip
 
     def on_train_end(self, args, state, control, **kwargs):
         for sig, handler in self._previous_handlers.items():
