@@ -191,6 +191,10 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
     trainer.run_arguments = {type(a).__name__: dataclasses.asdict(a) for a in arguments if dataclasses.is_dataclass(a)}
     if task.save_completions:
         trainer.add_callback(CompletionsCallback(trainer))
+    from sharpgrpo.diagnostics.trackers import ARTIFACT_TRACKERS, TelemetryTrackerCallback
+
+    if training_args.token_telemetry and set(training_args.report_to or []) & set(ARTIFACT_TRACKERS):
+        trainer.add_callback(TelemetryTrackerCallback(trainer))  # each telemetry step's page and completions
     if not task.print_metrics:
         QuietProgressCallback.install(trainer)
     try:
