@@ -100,7 +100,8 @@ def machine() -> dict[str, Any]:
 
 
 def json_ready(value: Any) -> Any:
-    """``value`` as JSON holds it: mapping keys as strings, tuples as lists, anything else JSON lacks as its str."""
+    """``value`` as JSON holds it: mapping keys as strings (``repr`` of another key, e.g. ``generation_kwargs=
+    {"sequence_bias": {(id,): b}}``), tuples as lists, anything else JSON lacks as its str."""
     return json.loads(json.dumps(_string_keys(value), default=str))
 
 
