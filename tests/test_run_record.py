@@ -122,6 +122,9 @@ def test_tokens_plot_eval_and_compare_write_their_records(trained, tiny_model_pa
     record = read_run_record(tmp_path / "compare")
     check_common_fields(record, "sharpgrpo compare")
     assert record["seeds"]["seeds"] == [0, 1] and record["config"]["strategies"] == ["equal"]
+    assert "strategies" not in record  # a comparison's entries are recorded in its config; each run has its record
+    assert record["command_line"] == "sharpgrpo compare --config demo --strategies equal --seeds 0 1 --output " + str(
+        tmp_path / "compare") + " --report_only"
 
 
 @pytest.mark.slow

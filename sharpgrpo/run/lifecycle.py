@@ -384,12 +384,9 @@ class LifecycleCallback(TrainerCallback):
             write_training_args(args, args.output_dir)
             from sharpgrpo.run.run_record import write_run_record
 
-            command_line = getattr(self.trainer, "run_arguments", None)  # set by `sharpgrpo train`, else from Python
-            config = {**args.to_dict(), **(command_line or {})}
-            self.trainer.run_record_path = write_run_record(
-                args.output_dir, TRAIN_COMMAND, config, processes=self.trainer.accelerator.num_processes,
-                argv=sys.argv[1:] if command_line is not None else None,
-            )  # fmt: skip
+            config = {**args.to_dict(), **getattr(self.trainer, "run_arguments", {})}  # `sharpgrpo train` sets them
+            self.trainer.run_record_path = write_run_record(args.output_dir, TRAIN_COMMAND, config, strategies=True,
+                                                            processes=self.trainer.accelerator.num_processes)
 
     def on_train_end(self, args, state, control, **kwargs):
         for sig, handler in self._previous_handlers.items():

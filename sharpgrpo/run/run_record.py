@@ -4,11 +4,11 @@ Written by ``sharpgrpo train`` (and any ``SharpGRPOTrainer`` run, when training 
 ``training_args.json``), ``sharpgrpo compare``, ``sharpgrpo tokens`` and ``sharpgrpo plot`` (into their ``--output``
 folder), and ``sharpgrpo eval`` (beside its result: ``x.json`` -> ``x.run_record.json``). It holds:
 
-* ``command``: the command that wrote it; ``command_line``: the process's command line (``sys.argv``; a command
-  called from Python with its arguments: the command and those);
+* ``command``: the command that wrote it; ``command_line``: the process's command line (``sharpgrpo NAME ...``, or
+  ``sys.argv`` as it is for a script; a command called from Python with its arguments: the command and those);
 * ``config``: the resolved configuration, every field with its value, defaults included (a training run: TRL's and
-  sharpgrpo's fields, plus the task's, the model's and the settings' arguments under their own keys); ``strategies``:
-  each configured strategy with the parameters it reads;
+  sharpgrpo's fields, plus the task's, the model's and the settings' arguments under their own keys); a training
+  run's ``strategies``: each configured strategy with the parameters it reads;
 * ``seeds`` (every ``*seed`` field and ``full_determinism``) and ``processes`` (the launch's process count);
 * ``versions``: python and the installed versions of the libraries a result depends on (absent ones omitted);
 * ``code``: sharpgrpo's installed version, and for a git checkout its commit and whether tracked files differ from it
@@ -127,18 +127,31 @@ def strategy_parameters(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return strategies
 
 
+def process_command_line() -> str:
+    """This process's command line as typed: ``sharpgrpo NAME ARGS`` for a command module run as ``__main__`` (by the
+    ``sharpgrpo`` dispatcher or ``python -m sharpgrpo.cli.NAME``, which put the module's file in ``sys.argv[0]``),
+    else ``sys.argv`` as it is (``train.py ...``, a script, a test runner)."""
+    first = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    commands = Path(__file__).resolve().parents[1] / "cli"
+    if first is not None and first.suffix == ".py" and first.resolve().parent == commands:
+        return " ".join([f"sharpgrpo {first.stem}", *sys.argv[1:]])
+    return " ".join(sys.argv)
+
+
 def run_record(command: str, config: Mapping[str, Any], *, processes: int | None = None,
-               argv: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
-    """The record of a run of ``command`` with the resolved ``config`` (module docstring)."""
+               argv: list[str] | None = None, strategies: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The record of a run of ``command`` with the resolved ``config`` (module docstring). ``argv``: the arguments of
+    a command called from Python (default: the process's command line); ``strategies``: ``config`` is a training
+    run's, whose strategies are recorded with their parameters."""
     config = json_ready(dict(config))
     flat = flatten(config)
     return {
         "record_version": RECORD_VERSION,
         "command": command,
-        "command_line": " ".join(sys.argv if argv is None else [command, *argv]),
+        "command_line": process_command_line() if argv is None else " ".join([command, *argv]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": config,
-        "strategies": strategy_parameters(config),
+        **({"strategies": strategy_parameters(config)} if strategies else {}),
         "seeds": {key: value for key, value in flat.items() if key.endswith(("seed", "seeds", "full_determinism"))},
         "processes": processes if processes is not None else int(os.environ.get("WORLD_SIZE", "1")),
         "versions": library_versions(),
