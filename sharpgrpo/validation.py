@@ -265,8 +265,10 @@ TRL_FIELD_RULES: dict[str, Rule] = {
 
 
 def validate_trl_fields(config: Any) -> None:
-    """TRL's fields (:data:`TRL_FIELD_RULES`), with ``reward_weights`` checked element by element."""
+    """TRL's fields (:data:`TRL_FIELD_RULES`), with ``reward_weights`` checked element by element and ``report_to``
+    by :func:`check_report_to`."""
     validate_fields(config, TRL_FIELD_RULES)
+    check_report_to(getattr(config, "report_to", None))
     if getattr(config, "num_train_epochs", None) == 0 and getattr(config, "max_steps", None) == -1:
         raise ConfigError("num_train_epochs=0 with max_steps=-1: nothing to train; set max_steps or num_train_epochs.")
     weights = getattr(config, "reward_weights", None)
@@ -275,6 +277,34 @@ def validate_trl_fields(config: Any) -> None:
             raise ConfigError(f"reward_weights={weights!r}: must be a list of finite numbers, one per reward.")
         for index, weight in enumerate(weights):
             between(-REWARD_LIMIT, REWARD_LIMIT, note=_REWARD_NOTE).check(f"reward_weights[{index}]", weight)
+
+
+# The package to install for a ``report_to`` name whose package is named otherwise (the others: the name itself).
+TRACKER_PACKAGES = {"azure_ml": "azureml-core", "flyte": "flytekit"}
+
+
+def check_report_to(value: Any) -> None:
+    """Each tracker ``report_to`` names (a name or a list, ``all`` and ``none`` as in transformers) is one
+    transformers integrates and is installed: otherwise one line naming the package to install, before any model
+    loads (transformers itself refuses a missing one only when the trainer is built)."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    names = [value] if isinstance(value, str) else list(value or [])
+    available = get_available_reporting_integrations()
+    for name in names:
+        if name in ("all", "none", ""):
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(f"report_to={name!r}: not a tracker transformers integrates"
+                              f"{did_you_mean(name, list(INTEGRATION_TO_CALLBACK))}; the trackers: "
+                              f"{', '.join(INTEGRATION_TO_CALLBACK)}, or none.")  # fmt: skip
+        if name not in available:
+            package = TRACKER_PACKAGES.get(name, name)
+            raise ConfigError(f"report_to={name!r}: the {package} package is not installed; `pip install {package}`, "
+                              "or report_to none.")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------

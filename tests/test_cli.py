@@ -29,7 +29,7 @@ def test_unknown_command_is_one_clear_error():
     result = run("fit")
     assert result.returncode == 1
     assert result.stderr.splitlines()[0] == (
-        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, serve."
+        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, record, serve."
     )
 
 

@@ -127,6 +127,9 @@ CASES = [
      ["--smooth=2"]),
     ("plot labels", lambda i: ["plot", str(i["tmp"]), "--output", str(i["tmp"] / "p"), "--labels", "a", "b"],
      ["--labels"]),
+    # record
+    ("record without a record", lambda i: ["record", str(i["tmp"] / "a_folder")], ["a_folder", "run_record.json"]),
+    ("record missing run", lambda i: ["record", str(i["tmp"] / "no_run")], ["no_run", "no such file or folder"]),
     # serve
     ("serve port", lambda i: ["serve", "--corpus", str(i["tmp"] / "prompts.txt"), "--port", "-1"], ["--port -1"]),
     ("serve corpus", lambda i: ["serve", "--corpus", str(i["tmp"] / "corpus.jsonl")], ["corpus.jsonl"]),

@@ -1,9 +1,9 @@
-"""One command line for everything: ``sharpgrpo train|eval|compare|plot|tokens|serve [ARGS...]``.
+"""One command line for everything: ``sharpgrpo train|eval|compare|plot|tokens|record|serve [ARGS...]``.
 
 Each subcommand runs its module exactly as ``python -m MODULE ARGS...`` would (``runpy``, as ``__main__``), so
 arguments, exit codes and one-line errors are the module's own; ``sharpgrpo SUBCOMMAND --help`` shows its options.
-``train``, ``eval``, ``compare``, ``plot`` and ``tokens`` are the modules beside this one (``sharpgrpo.cli.train``
-...; the repository's ``train.py`` is a thin script over ``sharpgrpo.cli.train``); ``serve`` is
+``train``, ``eval``, ``compare``, ``plot``, ``tokens`` and ``record`` are the modules beside this one
+(``sharpgrpo.cli.train`` ...; the repository's ``train.py`` is a thin script over ``sharpgrpo.cli.train``); ``serve`` is
 ``sharpgrpo.search.server`` (the search setting keeps its command line: nothing outside ``sharpgrpo.search``
 imports it). ``python -m sharpgrpo SUBCOMMAND`` is the same as ``sharpgrpo SUBCOMMAND``.
 """
@@ -20,6 +20,7 @@ COMMANDS = {
     "compare": ("sharpgrpo.cli.compare", "train every (strategy, seed) of one config and compare them"),
     "plot": ("sharpgrpo.cli.plot", "plot runs' training curves and grad-norm variability"),
     "tokens": ("sharpgrpo.cli.tokens", "per-token weights and advantages of a run's completions"),
+    "record": ("sharpgrpo.cli.record", "a run's record (config, versions, commit, machine), or two runs' differences"),
     "serve": ("sharpgrpo.search.server", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
 }
 

@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     interrupted = False
     from sharpgrpo.run.output_dir import claim_output_target
 
-    claim_output_target(output, command="sharpgrpo compare", settings=settings)  # every run was checked first
+    claim_output_target(output, command="sharpgrpo compare", settings=settings, config=vars(args),
+                        argv=argv)  # every run was checked first
     if args.report_only:
         for run in runs:
             reason = run.stale_reason()

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_output_folder("--output", args.output, command=parser.prog)  # run.output_dir: the rule of every writer
     from sharpgrpo.run.output_dir import claim_output_target
 
-    claim_output_target(args.output, command=parser.prog)
+    claim_output_target(args.output, command=parser.prog, config=vars(args), argv=argv)
     result = plot_runs(args.runs, args.output, args.labels, args.smooth, args.spike_factor)
     print(grad_norm_markdown(result["grad_norm"], args.spike_factor))
     print("Wrote " + ", ".join(Path(f).name for f in result["files"]))

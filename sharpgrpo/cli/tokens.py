@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rule.check(label, value)
     check_output_folder("--output", args.output, command=parser.prog)  # run.output_dir: the rule of every writer
     if args.telemetry:
-        return _telemetry_main(args)
+        return _telemetry_main(args, argv)
     scores = None
     if args.completions:  # read (or fail on) the inputs before the model loads
         prompts, completions, scores = read_logged_rows(args.completions, args.max_rows)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     temperature = run_temperature if args.temperature is None else args.temperature
     from sharpgrpo.run.output_dir import claim_output_target
 
-    claim_output_target(args.output, command="sharpgrpo tokens")  # every input checked: the folder is this command's
+    claim_output_target(args.output, command="sharpgrpo tokens", config=vars(args), argv=argv)  # inputs checked
     model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
     result = analyze_tokens(
         model, tokenizer, prompts, completions, strategy=strategy, temperature=temperature, scores=scores,
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def _telemetry_main(args) -> dict[str, Any]:
+def _telemetry_main(args, argv: list[str] | None) -> dict[str, Any]:
     """The page of a run's per-token telemetry: no model, no forward (``sharpgrpo.diagnostics.telemetry``)."""
     from pathlib import Path
 
@@ -263,7 +263,7 @@ def _telemetry_main(args) -> dict[str, Any]:
                                       max_groups=None if groups else args.max_groups), m) for label, f, m in runs]
     from sharpgrpo.run.output_dir import claim_output_target
 
-    output = claim_output_target(args.output, command="sharpgrpo tokens")  # inputs read: the folder is this command's
+    output = claim_output_target(args.output, command="sharpgrpo tokens", config=vars(args), argv=argv)  # inputs read
     page = write_telemetry_page(output / "tokens.html", selected, columns, args.filter,
                                 notes=summary_html(changed) if changed is not None else "")
     if all(len(f) == 0 for _, f, _ in selected):

@@ -14,6 +14,7 @@ traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -129,10 +130,11 @@ def main(
         from sharpgrpo.settings import training_rollout
 
         with training_rollout(setting_args, training_args.output_dir) as rollout_func:
-            return _main(task, training_args, model_args, rollout_func=rollout_func, inputs=inputs)
+            return _main(task, training_args, model_args, rollout_func=rollout_func, inputs=inputs,
+                         arguments=(task, model_args, *setting_args))
 
 
-def _main(task, training_args, model_args, rollout_func=None, inputs=None) -> SharpGRPOTrainer:
+def _main(task, training_args, model_args, rollout_func=None, inputs=None, arguments=()) -> SharpGRPOTrainer:
     from transformers import AutoConfig, AutoTokenizer
     from trl import get_peft_config
 
@@ -185,8 +187,14 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None) -> Sh
         rollout_func=rollout_func,
     )
     trainer.base_model_name = model_name  # named on the model card
+    # the run record's config: the training arguments plus the task's, the model's and the settings' (run.run_record)
+    trainer.run_arguments = {type(a).__name__: dataclasses.asdict(a) for a in arguments if dataclasses.is_dataclass(a)}
     if task.save_completions:
         trainer.add_callback(CompletionsCallback(trainer))
+    from sharpgrpo.diagnostics.trackers import ARTIFACT_TRACKERS, TelemetryTrackerCallback
+
+    if training_args.token_telemetry and set(training_args.report_to or []) & set(ARTIFACT_TRACKERS):
+        trainer.add_callback(TelemetryTrackerCallback(trainer))  # each telemetry step's page and completions
     if not task.print_metrics:
         QuietProgressCallback.install(trainer)
     try:

@@ -43,7 +43,7 @@ SKIPPED_SUFFIXES = ("/std",)
 # ``training_curves.png``: strategies log under a namespace of their own (the strategy registry holds no list of
 # metric names), so the panels follow what a run logged.
 TRAINER_NAMESPACES = ("rewards", "completions", "clip_ratio", "token_weight", "sharpness", "search", "sampling",
-                      "tools", "train", "eval")  # fmt: skip
+                      "tools", "train", "eval", "telemetry")  # fmt: skip
 
 
 def run_labels(runs: Sequence[str | Path]) -> list[str]:

@@ -4,6 +4,8 @@ Files, for ``output = results/kk.json``:
 
 * ``results/kk.json``: settings, summary metrics and the markdown table;
 * ``results/kk.md``: the markdown table;
+* ``results/kk.run_record.json``: the run record (the settings, command line, versions, commit, machine;
+  `sharpgrpo.run.run_record`);
 * ``results/kk.samples.jsonl``: one line per finished problem (completions, correctness), after a header line
   with the settings that determine the results. It is appended to as problems finish, so an interrupted
   evaluation resumes where it stopped: finished problem ids are skipped. Resuming with different settings is refused
@@ -28,6 +30,7 @@ from typing import Any
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 from sharpgrpo.models.source import check_model_source
+from sharpgrpo.run.run_record import RUN_RECORD, write_run_record
 from sharpgrpo.validation import ConfigError, between, integer, one_of, positive, validate_fields
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
@@ -238,10 +241,12 @@ def default_max_new_tokens(model: str, task: str | None = None) -> tuple[int, st
 
 
 def output_paths(output: str | os.PathLike) -> dict[str, Path]:
-    """``{"json", "markdown", "samples"}`` paths for ``output`` (``x.json`` or ``x`` -> x.json, x.md, x.samples.jsonl)."""
+    """``{"json", "markdown", "samples", "record"}`` paths for ``output`` (``x.json`` or ``x`` -> x.json, x.md,
+    x.samples.jsonl, and the run record x.run_record.json, `sharpgrpo.run.run_record`)."""
     base = str(output)
     base = base.removesuffix(".json")
-    return {"json": Path(base + ".json"), "markdown": Path(base + ".md"), "samples": Path(base + ".samples.jsonl")}
+    return {"json": Path(base + ".json"), "markdown": Path(base + ".md"), "samples": Path(base + ".samples.jsonl"),
+            "record": Path(f"{base}.{RUN_RECORD}")}
 
 
 def result_settings(config: EvalConfig) -> dict[str, Any]:
@@ -428,4 +433,5 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
     }
     _write_atomic(paths["json"], json.dumps(result, indent=2, default=str) + "\n")
     _write_atomic(paths["markdown"], f"# {config.task} evaluation: {label}\n\n{markdown}")
+    write_run_record(paths["record"], "sharpgrpo eval", {**result["settings"], "task_options": result["task_options"]})
     return result

@@ -382,6 +382,11 @@ class LifecycleCallback(TrainerCallback):
             if read_output_marker(args.output_dir) is None and not folder_entries(Path(args.output_dir)):
                 write_output_marker(args.output_dir, TRAIN_COMMAND)  # a run from Python: the folder is the run's
             write_training_args(args, args.output_dir)
+            from sharpgrpo.run.run_record import write_run_record
+
+            config = {**args.to_dict(), **getattr(self.trainer, "run_arguments", {})}  # `sharpgrpo train` sets them
+            self.trainer.run_record_path = write_run_record(args.output_dir, TRAIN_COMMAND, config, strategies=True,
+                                                            processes=self.trainer.accelerator.num_processes)
 
     def on_train_end(self, args, state, control, **kwargs):
         for sig, handler in self._previous_handlers.items():
@@ -526,15 +531,7 @@ def lifecycle_callback(trainer) -> LifecycleCallback | None:
 
 def write_training_args(args, folder: str) -> None:
     """``folder/training_args.json``: the run's arguments as JSON (any mapping key written as a string)."""
+    from sharpgrpo.run.run_record import json_ready
+
     with open(os.path.join(folder, TRAINING_ARGS_JSON), "w", encoding="utf-8") as handle:
-        json.dump(_json_safe(args.to_dict()), handle, indent=2, sort_keys=True, default=str)
-
-
-def _json_safe(value):
-    """``value`` with every mapping key as a string (e.g. ``generation_kwargs={"sequence_bias": {(id,): b}}``), so the
-    arguments of any run can be written as JSON."""
-    if isinstance(value, dict):
-        return {key if isinstance(key, str) else repr(key): _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    return value
+        json.dump(json_ready(args.to_dict()), handle, indent=2, sort_keys=True)

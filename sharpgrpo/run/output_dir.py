@@ -151,12 +151,17 @@ def _jsonable(settings: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(dict(settings), default=str))
 
 
-def claim_output_target(value: str | os.PathLike, *, command: str, settings: Mapping[str, Any] | None = None) -> Path:
-    """When ``command`` starts writing (after :func:`check_output_target` and every input's check): create the folder
-    and mark it as ``command``'s. Returns the folder."""
+def claim_output_target(value: str | os.PathLike, *, command: str, settings: Mapping[str, Any] | None = None,
+                        config: Mapping[str, Any] | None = None, argv: Iterable[str] | None = None) -> Path:  # fmt: skip
+    """When ``command`` starts writing (after :func:`check_output_target` and every input's check): create the folder,
+    mark it as ``command``'s and write its run record (`sharpgrpo.run.run_record`) of the resolved ``config`` (the
+    command's options, every one) and ``argv``. Returns the folder."""
+    from sharpgrpo.run.run_record import write_run_record
+
     path = Path(str(value)).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     write_output_marker(path, command, None if settings is None else _jsonable(settings))
+    write_run_record(path, command, config or {}, argv=None if argv is None else list(argv))
     return path
 
 

@@ -105,6 +105,11 @@ def write_model_card(trainer, parent_create_model_card, model_name=None, dataset
     repo_id = trainer.hub_model_id or args.hub_model_id
     text = fix_card_links(text, base_model or trainer.base_model_name, dataset_name, repo_id, args.output_dir)
     text = credit_every_paper(text, args.strategies)
+    record = getattr(trainer, "run_record_path", None)  # written when training began (sharpgrpo.run.run_record)
+    if record is not None and os.path.isfile(record):
+        name = os.path.basename(record)
+        text += (f"\n## Run record\n\n[`{name}`]({name}): the resolved config, command line, library versions, code "
+                 "commit, machine and seeds of the run that trained this model.\n")
     with open(path, "w", encoding="utf-8") as card:
         card.write(text + "\n" + strategy_card_section(args))
 

@@ -162,7 +162,8 @@ def test_cli_writes_the_same_files(tiny_model_path, tmp_path, capsys):
 
 def test_output_paths_keep_dotted_names(tmp_path):
     paths = output_paths(tmp_path / "qwen.v2.json")
-    assert [p.name for p in paths.values()] == ["qwen.v2.json", "qwen.v2.md", "qwen.v2.samples.jsonl"]
+    assert [p.name for p in paths.values()] == ["qwen.v2.json", "qwen.v2.md", "qwen.v2.samples.jsonl",
+                                                "qwen.v2.run_record.json"]
     assert output_paths(tmp_path / "run")["json"].name == "run.json"
 
 

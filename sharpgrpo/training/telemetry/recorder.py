@@ -178,6 +178,7 @@ class TelemetryRecorder:
         self._pieces: dict[int, str] = {}
         self._micro_batch, self._step = 0, None
         self.sampling_logps = False  # whether the sampling engine reported log-probabilities (file metadata)
+        self.last_summary: dict[str, float] = {}  # the last file's step_summary (main process)
 
     # --- generation ----------------------------------------------------------------------------------------------
     def remember_prompts(self, inputs: Sequence[dict[str, Any]], process_index: int) -> None:
@@ -296,7 +297,9 @@ class TelemetryRecorder:
         merged["prompt_index"] = merged["row"] // self.num_generations
         merged["completion_index"] = merged["row"] % self.num_generations
         merged["token"] = np.array([self._piece(int(i)) for i in merged["token_id"]], dtype=object)
-        return self.write(step, merged)
+        path = self.write(step, merged)
+        self.last_summary = step_summary(merged)
+        return path
 
     def _piece(self, token_id: int) -> str:
         if token_id not in self._pieces:
@@ -325,6 +328,40 @@ class TelemetryRecorder:
                 "checkpoint is kept; free space or set token_telemetry: false"
             ) from None
         return path
+
+
+SUMMARY_QUANTILES = (0.1, 0.5, 0.9)
+
+
+def step_summary(columns: dict[str, np.ndarray]) -> dict[str, float]:
+    """A telemetry step in a few numbers, over its loss tokens (``mask`` 1), logged as ``telemetry/*`` metrics with
+    the step's others (so every tracker of ``report_to`` gets them): the min, max, mean and 10/50/90% quantiles of
+    ``weight``, ``advantage``, ``ratio`` and ``token_loss``; the fractions of tokens with a clip bound active
+    (``clip_fraction``, ``clip_low_fraction``, ``clip_high_fraction``), with weight 0 (``zero_weight_fraction``) and
+    rejected by a rollout correction (``rejected_fraction``: any ``<strategy>/rejected`` column); ``loss_tokens``."""
+    kept = np.asarray(columns["mask"]) == 1
+    summary: dict[str, float] = {"telemetry/loss_tokens": float(kept.sum())}
+    if not kept.any():
+        return summary
+    for name in ("weight", "advantage", "ratio", "token_loss"):
+        values = np.asarray(columns[name], dtype=np.float64)[kept] if name in columns else None
+        if values is None or np.isnan(values).all():
+            continue
+        summary[f"telemetry/{name}/mean"] = float(np.nanmean(values))
+        summary[f"telemetry/{name}/min"] = float(np.nanmin(values))
+        summary[f"telemetry/{name}/max"] = float(np.nanmax(values))
+        for q, value in zip(SUMMARY_QUANTILES, np.nanquantile(values, SUMMARY_QUANTILES), strict=True):
+            summary[f"telemetry/{name}/p{round(q * 100)}"] = float(value)
+    low, high = (np.asarray(columns.get(c, np.zeros(kept.shape)), dtype=bool)[kept] for c in ("clip_low", "clip_high"))
+    summary.update({"telemetry/clip_fraction": float((low | high).mean()), "telemetry/clip_low_fraction":
+                    float(low.mean()), "telemetry/clip_high_fraction": float(high.mean())})  # fmt: skip
+    if "weight" in columns:
+        summary["telemetry/zero_weight_fraction"] = float((np.asarray(columns["weight"])[kept] == 0).mean())
+    rejected = [np.nan_to_num(np.asarray(columns[c], dtype=np.float64)[kept]) > 0 for c in columns
+                if c.endswith("/rejected")]  # fmt: skip
+    if rejected:
+        summary["telemetry/rejected_fraction"] = float(np.logical_or.reduce(rejected).mean())
+    return summary
 
 
 def file_metadata(args, step: int, columns: Sequence[str], sampling_logps: bool = False) -> dict[str, Any]:
@@ -433,20 +470,25 @@ def telemetry_recorder(trainer, strategies, folded: bool) -> TelemetryRecorder:
         stage_names=generation_stages(run_at_generation, strategies.classes),
         folded_name=advantage_names[-1] if folded else None, num_generations=trainer.num_generations,
     )
-    trainer.add_callback(TelemetryCallback(recorder))
+    trainer.add_callback(TelemetryCallback(recorder, trainer._metrics["train"]))
     return recorder
 
 
 class TelemetryCallback(TrainerCallback):
-    """Checks the folder before training and writes each telemetry step's file at the step's end."""
+    """Checks the folder before training and writes each telemetry step's file at the step's end; its
+    :func:`step_summary` joins the trainer's metrics (TRL's ``_metrics``, logged by its ``log`` after this step's
+    end, averaged over the telemetry steps since the last log like any metric), so ``report_to``'s trackers,
+    ``trainer_state.json`` and the progress logs get the ``telemetry/*`` values through TRL's own logging."""
 
-    def __init__(self, recorder: TelemetryRecorder):
-        self.recorder = recorder
+    def __init__(self, recorder: TelemetryRecorder, metrics: dict[str, list] | None = None):
+        self.recorder, self.metrics = recorder, metrics
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.recorder.check_folder()
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.recorder.flush(state.global_step)
+        if self.recorder.flush(state.global_step) is not None and self.metrics is not None:
+            for name, value in self.recorder.last_summary.items():
+                self.metrics[name].append(value)
         return control
