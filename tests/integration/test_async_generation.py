@@ -114,3 +114,22 @@ def test_every_strategy_trains_two_asynchronous_steps(tiny_model_path, tmp_path,
     logs = train_and_check(trainer)
     assert [entry["async/staleness"] for entry in logs] == [0.0, 1.0]
     assert all(math.isfinite(value) for entry in logs for value in entry.values() if isinstance(value, float))
+
+
+def test_token_telemetry_records_each_rows_weight_version(tiny_model_path, tmp_path):
+    """The per-token telemetry of an asynchronous run names each row's weight version and how far it lagged the step
+    that trained on it; the lag is the step's logged async/staleness and at most max_staleness."""
+    import pandas as pd
+
+    trainer = train(tiny_model_path, tmp_path, max_steps=4, async_generation=True, max_staleness=2,
+                    token_telemetry=True, telemetry_steps=1)
+    logged = {entry["step"]: entry["async/staleness"] for entry in trainer.state.log_history
+              if "async/staleness" in entry}
+    files = sorted((tmp_path / "telemetry").glob("telemetry_*.parquet"))
+    assert len(files) == 4
+    for path in files:
+        frame = pd.read_parquet(path)
+        step = int(frame["step"].iloc[0])
+        assert (frame["versions_behind"] == step - 1 - frame["policy_version"]).all()
+        assert frame["versions_behind"].between(0, 2).all()
+        assert frame["versions_behind"].nunique() == 1 and frame["versions_behind"].iloc[0] == logged[step]

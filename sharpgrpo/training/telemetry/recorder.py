@@ -75,6 +75,10 @@ COLUMNS: dict[str, str] = {
     "loss_contribution": "token_loss * loss_share: the token's share of the step's logged loss (the mean over "
     "processes; entropy bonus and aux loss excluded)",
     "reward": "the completion's total (weighted) reward",
+    "policy_version": "async_generation: the weights' version the row was generated with (the trainer's global_step "
+    "when they were published)",
+    "versions_behind": "async_generation: how many versions the row's weights lag the step that trained on it "
+    "(step - 1 - policy_version; 0 on-policy, at most max_staleness)",
 }
 PATTERN_COLUMNS = {
     "weight/<strategy>": "the weight of each configured weight strategy",
@@ -174,6 +178,7 @@ class TelemetryRecorder:
         self.num_generations = num_generations
         self.folder = Path(args.output_dir) / FOLDER
         self.prompts: dict[int, str] = {}  # this process's rows of the current generation batch: global row -> prompt
+        self.versions: dict[int, int] = {}  # the same rows' weight versions (async_generation), else empty
         self.chunks: list[dict[str, np.ndarray]] = []
         self._pieces: dict[int, str] = {}
         self._micro_batch, self._step = 0, None
@@ -185,6 +190,8 @@ class TelemetryRecorder:
         """The prompts of this process's rows (TRL's ``inputs``: one row per completion, in local order)."""
         start = process_index * len(inputs)
         self.prompts = {start + i: _prompt_text(row.get("prompt")) for i, row in enumerate(inputs)}
+        self.versions = {start + i: int(row["policy_version"]) for i, row in enumerate(inputs)
+                         if row.get("policy_version") is not None}  # the rollout process's, merged in by TRL
 
     # --- loss ----------------------------------------------------------------------------------------------------
     def capture(self, step: int, inputs: dict[str, Any], result) -> None:
@@ -261,6 +268,9 @@ class TelemetryRecorder:
         for name, value in tensors.strategy_terms.items():  # each loss strategy's per-token terms
             chunk[name] = column(value)
         chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
+        if self.versions:
+            chunk["policy_version"] = np.array([self.versions[int(r)] for r in chunk["row"]], dtype=np.int64)
+            chunk["versions_behind"] = step - 1 - chunk["policy_version"]
         self.chunks.append(chunk)
         self._micro_batch += 1
 

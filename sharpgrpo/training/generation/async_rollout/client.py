@@ -187,7 +187,8 @@ class AsyncRollouts:
         trainer._generation.captured = {key: value for key, value in result["captured"].items() if wanted.get(key)}
         logps = result["captured"]["logps"]
         return {"prompt_ids": trainer._tokenize_prompts(prompts)[0], "completion_ids": result["completion_ids"],
-                "logprobs": [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])]}
+                "logprobs": [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])],
+                "policy_version": [result["version"]] * len(prompts)}  # TRL merges it into the rows (telemetry)
 
     def _on_demand(self, trainer, prompts: list[Any]) -> dict[str, Any]:
         """Generate ``prompts`` now, with the current weights and the trainer's random state, which the trainer takes
