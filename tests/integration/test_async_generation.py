@@ -133,3 +133,16 @@ def test_token_telemetry_records_each_rows_weight_version(tiny_model_path, tmp_p
         assert (frame["versions_behind"] == step - 1 - frame["policy_version"]).all()
         assert frame["versions_behind"].between(0, 2).all()
         assert frame["versions_behind"].nunique() == 1 and frame["versions_behind"].iloc[0] == logged[step]
+
+
+def test_a_resumed_run_finds_its_place_in_the_data_order(tiny_model_path, tmp_path):
+    """A checkpoint keeps no job in flight: after a resume the first batch is generated on demand (staleness 0) and
+    the read-ahead moves to the trainer's position in the data order, so the next batch is pipelined again
+    (staleness 1; had the position not been found, every later batch would be generated on demand, at 0)."""
+    options = dict(max_steps=4, async_generation=True, max_staleness=1, save_strategy="steps", save_steps=2)
+    first = train(tiny_model_path, tmp_path, **options)
+    assert [e["async/staleness"] for e in first.state.log_history if "loss" in e] == [0.0, 1.0, 1.0, 1.0]
+    resumed = make_trainer(tiny_model_path, tiny_config(tmp_path, **options))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    after = [(e["step"], e["async/staleness"]) for e in resumed.state.log_history if "loss" in e and e["step"] > 2]
+    assert after == [(3, 0.0), (4, 1.0)]
