@@ -116,6 +116,7 @@ class AsyncRollouts:
             dtype=next(model.parameters()).dtype, pad_token_id=trainer._tokenizer.pad_token_id,
             eos_token_ids=list(trainer.eos_token_ids), pad_to_multiple_of=trainer.pad_to_multiple_of,
             temperature=trainer.temperature, num_threads=torch.get_num_threads(), training_mode=model.training,
+            device=str(next(model.parameters()).device),
         )
         self._jobs, self._results = context.Queue(), context.Queue()
         self._process = context.Process(target=run_rollout_worker, args=(spec, self._weights, self._jobs,
@@ -143,10 +144,12 @@ class AsyncRollouts:
             self._weights.publish(causal_lm(trainer.accelerator, trainer.model), step)
             self._published = step
 
-    def _submit(self, trainer, prompts: list[Any], rng_state: torch.Tensor | None = None) -> int:
+    def _submit(self, trainer, prompts: list[Any], rng_state: torch.Tensor | None = None,
+                cuda_rng_state: torch.Tensor | None = None) -> int:
         index, self._index = self._index, self._index + 1
         prompt_ids = trainer._tokenize_prompts(prompts)[0]
         self._jobs.put({"index": index, "prompt_ids": prompt_ids, "rng_state": rng_state,
+                        "cuda_rng_state": cuda_rng_state,
                         "seed": (trainer.args.seed * 1_000_003 + index) % 2**63, "capture": capture_wanted(trainer)})
         return index
 
@@ -193,8 +196,13 @@ class AsyncRollouts:
     def _on_demand(self, trainer, prompts: list[Any]) -> dict[str, Any]:
         """Generate ``prompts`` now, with the current weights and the trainer's random state, which the trainer takes
         back (its stream continues as if it had generated the batch itself)."""
-        result = self._result(self._submit(trainer, prompts, rng_state=torch.get_rng_state()))
+        device = trainer.accelerator.device
+        cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        index = self._submit(trainer, prompts, rng_state=torch.get_rng_state(), cuda_rng_state=cuda_state)
+        result = self._result(index)
         torch.set_rng_state(result["rng_state"])
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(result["cuda_rng_state"], device)
         return result
 
     def _pipelined(self, trainer, prompts: list[Any]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ class SharedMemoryWeights:
     rollout process (the tensors are shared, not copied), then ``publish`` and ``load_into``."""
 
     def __init__(self, model: torch.nn.Module, context):
-        self.tensors = {name: tensor.detach().clone().share_memory_() for name, tensor in model.state_dict().items()}
+        self.tensors = {name: tensor.detach().to("cpu", copy=True).share_memory_()
+                        for name, tensor in model.state_dict().items()}  # on the CPU whatever the model's device
         self.version = context.Value("q", -1)
         self.lock = context.Lock()
 

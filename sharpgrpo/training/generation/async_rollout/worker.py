@@ -34,6 +34,7 @@ class WorkerSpec:
     temperature: float
     num_threads: int
     training_mode: bool
+    device: str = "cpu"  # the trainer's device: the rollout process generates beside it
 
 
 def build_model(spec: WorkerSpec) -> torch.nn.Module:
@@ -41,7 +42,7 @@ def build_model(spec: WorkerSpec) -> torch.nn.Module:
 
     model = AutoModelForCausalLM.from_config(spec.model_config, dtype=spec.dtype)
     model.generation_config = spec.generation_config
-    return model.train(spec.training_mode)
+    return model.to(spec.device).train(spec.training_mode)
 
 
 @torch.no_grad()
@@ -54,15 +55,18 @@ def generate_job(model: torch.nn.Module, spec: WorkerSpec, job: dict[str, Any]) 
 
     from sharpgrpo.training.generation.capture import GenerationCapture
 
+    cuda = torch.device(spec.device).type == "cuda"
     if job.get("rng_state") is not None:
         torch.set_rng_state(job["rng_state"])
+        if cuda:
+            torch.cuda.set_rng_state(job["cuda_rng_state"], spec.device)
     else:
         torch.manual_seed(job["seed"])
     prompts = [torch.tensor(ids) for ids in job["prompt_ids"]]
     input_ids = pad(prompts, padding_value=spec.pad_token_id, padding_side="left",
-                    pad_to_multiple_of=spec.pad_to_multiple_of)
+                    pad_to_multiple_of=spec.pad_to_multiple_of).to(spec.device)
     attention_mask = pad([torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left",
-                         pad_to_multiple_of=spec.pad_to_multiple_of)
+                         pad_to_multiple_of=spec.pad_to_multiple_of).to(spec.device)
     capture = job["capture"]
     with GenerationCapture(model, spec.temperature, logps=True, hidden=capture.get("hidden", False),
                            entropy=capture.get("entropy", False)) as capturing, \
@@ -70,14 +74,16 @@ def generate_job(model: torch.nn.Module, spec: WorkerSpec, job: dict[str, Any]) 
         sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                    generation_config=spec.trainer_generation_config)
     completion_ids = sequences[:, input_ids.size(1):]
+    completion_ids = completion_ids.cpu()
     is_eos = torch.isin(completion_ids, torch.tensor(spec.eos_token_ids))
     eos_idx = torch.full((is_eos.size(0),), is_eos.size(1), dtype=torch.long)
     eos_idx[is_eos.any(dim=1)] = is_eos.int().argmax(dim=1)[is_eos.any(dim=1)]
     keep = torch.arange(is_eos.size(1)).expand(is_eos.size(0), -1) <= eos_idx.unsqueeze(1)
     completions = [ids[kept].tolist() for ids, kept in zip(completion_ids, keep, strict=True)]
-    captured = capturing.result(completions)
+    captured = {name: value.cpu() for name, value in capturing.result(completions).items()}
     return {"index": job["index"], "completion_ids": completions, "captured": captured,
-            "rng_state": torch.get_rng_state()}
+            "rng_state": torch.get_rng_state(),
+            "cuda_rng_state": torch.cuda.get_rng_state(spec.device) if cuda else None}
 
 
 def run_rollout_worker(spec: WorkerSpec, weights, jobs, results) -> None:
