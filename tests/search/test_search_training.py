@@ -77,6 +77,24 @@ def test_search_training_logs_metrics_masks_and_stops_server(tmp_path, search_mo
     assert limits == {"max_obs_tokens": 24, "max_turn_tokens": 12} and source.endswith("search_args.json")
 
 
+def loss_and_logps(trainer, output):
+    """``trainer._compute_loss`` on ``output``, back-propagated, and the per-token log-probabilities of its forward
+    with their gradient kept."""
+    captured = {}
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def capturing(*a, **k):
+        logps, entropies, aux = forward(*a, **k)
+        logps.retain_grad()
+        captured["logps"] = logps
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = capturing
+    loss = trainer._compute_loss(trainer.model, output)
+    loss.backward()
+    return loss, captured["logps"]
+
+
 def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
     from sharpgrpo.cli import train
     from sharpgrpo.search.session import retrieval_session, search_rollout
@@ -90,19 +108,8 @@ def test_retrieved_tokens_get_zero_gradient(tmp_path, search_model):
     tool_mask, completion_mask = output["tool_mask"], output["completion_mask"]
     assert ((tool_mask == 0) & (completion_mask == 1)).any()  # retrieved tokens inside the completions
     output["advantages"] = torch.randn(4)  # nonzero advantages on every row, so every sampled token has a gradient
-    captured = {}
-    forward = trainer._get_per_token_logps_and_entropies
-
-    def capturing(*a, **k):
-        logps, entropies, aux = forward(*a, **k)
-        logps.retain_grad()
-        captured["logps"] = logps
-        return logps, entropies, aux
-
-    trainer._get_per_token_logps_and_entropies = capturing
-    loss = trainer._compute_loss(trainer.model, output)
-    loss.backward()
-    grad = captured["logps"].grad
+    _, logps = loss_and_logps(trainer, output)
+    grad = logps.grad
     assert torch.all(grad[tool_mask == 0] == 0)
     assert (grad[(tool_mask == 1) & (completion_mask == 1)] != 0).all()
 
@@ -162,18 +169,8 @@ def test_echo_trains_on_retrieved_passages(tmp_path, search_model):
         output = trainer._generate_and_score_completions(inputs)
     env = (output["tool_mask"] == 0) & (output["completion_mask"] == 1)
     assert env.any()
-    captured = {}
-    forward = trainer._get_per_token_logps_and_entropies
-
-    def capturing(*a, **k):
-        logps, entropies, aux = forward(*a, **k)
-        logps.retain_grad()
-        captured["logps"] = logps
-        return logps, entropies, aux
-
-    trainer._get_per_token_logps_and_entropies = capturing
-    trainer._compute_loss(trainer.model, output).backward()
-    grad = captured["logps"].grad
+    _, logps = loss_and_logps(trainer, output)
+    grad = logps.grad
     torch.testing.assert_close(grad[env], torch.full_like(grad[env], -0.1 / int(env.sum())), rtol=1e-6, atol=0)
 
     task, args, model_args, search = make_args(tmp_path / "train", search_model, strategies=["grpo_sg", "echo"])
