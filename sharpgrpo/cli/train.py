@@ -158,8 +158,16 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None) -> Sh
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     warn_if_template_unused(train_dataset, tokenizer, task.dataset_name, task.dataset_kwargs)
+    # before the resume check, which compares the arguments with the saved run's (as they were saved)
+    model_init_kwargs = dict(training_args.model_init_kwargs or {})
+    if model_args.dtype is not None:
+        model_init_kwargs.setdefault("dtype", model_args.dtype)
+    if model_args.attn_implementation is not None:
+        model_init_kwargs.setdefault("attn_implementation", model_args.attn_implementation)
+    training_args.model_init_kwargs = model_init_kwargs or None
+
     model_config = AutoConfig.from_pretrained(model_path, revision=model_args.model_revision).to_dict()
-    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other strategies warn
+    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other settings warn
         check_resume_compatible(training_args.resume_from_checkpoint, training_args, model_config)
     except CheckpointError as error:
         raise ConfigError(str(error)) from None
@@ -167,13 +175,6 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None) -> Sh
         train_dataset, tokenizer, model_context_length(model_path, model_args.model_revision),
         training_args.max_completion_length, f"dataset_name={task.dataset_name!r}", training_args.chat_template_kwargs,
     )  # fmt: skip
-
-    model_init_kwargs = dict(training_args.model_init_kwargs or {})
-    if model_args.dtype is not None:
-        model_init_kwargs.setdefault("dtype", model_args.dtype)
-    if model_args.attn_implementation is not None:
-        model_init_kwargs.setdefault("attn_implementation", model_args.attn_implementation)
-    training_args.model_init_kwargs = model_init_kwargs or None
 
     trainer = SharpGRPOTrainer(
         model=model_name,  # as given: the trainer resolves a prepared name and names it on a saved adapter

@@ -28,6 +28,7 @@ from typing import Any
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 from sharpgrpo.models.source import check_model_source
+from sharpgrpo.paths import write_text_atomically
 from sharpgrpo.validation import ConfigError, between, integer, one_of, positive, validate_fields
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
@@ -312,9 +313,7 @@ def build_generator(config: EvalConfig, workdir: Path, task: EvalTask | None = N
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, text)
 
 
 def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:

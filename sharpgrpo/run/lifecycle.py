@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -36,6 +37,8 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+
+from sharpgrpo.paths import write_text_atomically
 
 COMPLETE_MARKER = "sharpgrpo_checkpoint_complete"  # written last into each checkpoint folder
 TRAINING_ARGS_JSON = "training_args.json"  # readable twin of transformers' pickled training_args.bin
@@ -107,6 +110,7 @@ def check_checkpoint(checkpoint: str | os.PathLike, allow_missing: bool = False)
     for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
         check_torch_file(file)
     missing = missing_pieces(checkpoint)
+    check_checksums(checkpoint)
     if missing:
         what = "; ".join(f"{name} ({why})" for name, why in missing)
         if not allow_missing:
@@ -130,8 +134,9 @@ _WEIGHTS = ("model.safetensors", "model-*.safetensors", "adapter_model.safetenso
             "adapter_model.bin", "global_step*", "pytorch_model_fsdp*")  # fmt: skip
 
 
-def checkpoint_listing(checkpoint: str | os.PathLike) -> dict[str, int] | None:
-    """The files (name -> size) the checkpoint's completion marker lists, or None (no marker, or an older one)."""
+def checkpoint_listing(checkpoint: str | os.PathLike, with_checksums: bool = False) -> dict | None:
+    """The files (name -> size) the checkpoint's completion marker lists, or None (no marker, or an older one);
+    ``with_checksums``: name -> ``(size, sha256 or None)`` (markers written before checksums have none)."""
     try:
         lines = (Path(checkpoint) / COMPLETE_MARKER).read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -139,9 +144,33 @@ def checkpoint_listing(checkpoint: str | os.PathLike) -> dict[str, int] | None:
     listed = {}
     for line in lines:
         parts = line.split("\t")
-        if len(parts) == 3 and parts[0] == "file" and parts[2].isdigit():
-            listed[parts[1]] = int(parts[2])
+        if len(parts) in (3, 4) and parts[0] == "file" and parts[2].isdigit():
+            digest = parts[3].removeprefix("sha256:") if len(parts) == 4 else None
+            listed[parts[1]] = (int(parts[2]), digest) if with_checksums else int(parts[2])
     return listed or None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def check_checksums(checkpoint: str | os.PathLike) -> None:
+    """Raise :class:`CheckpointError` naming the first file whose content is not what was saved: its sha256 against
+    the one the completion marker recorded when the checkpoint was written (a change in place that keeps the size and
+    the header, e.g. NaN bytes in the weights or a damaged block of ``optimizer.pt``; ``torch.load`` does not check
+    its archive's CRCs). Checkpoints written before checksums are not checked."""
+    checkpoint = Path(checkpoint)
+    for name, (size, saved) in sorted((checkpoint_listing(checkpoint, with_checksums=True) or {}).items()):
+        path = checkpoint / name
+        if saved is None or not path.is_file() or path.stat().st_size != size:
+            continue  # missing or resized files are missing_pieces' to name
+        now = file_sha256(path)
+        if now != saved:
+            raise CheckpointError(
+                f"{path} changed since it was saved: its content checksum (sha256 {now[:16]}...) is not the one "
+                f"recorded at save ({saved[:16]}...), so the file is damaged; resume from another checkpoint."
+            )
 
 
 def missing_pieces(checkpoint: str | os.PathLike) -> list[tuple[str, str]]:
@@ -278,7 +307,8 @@ _ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_att
 
 def check_resume_compatible(checkpoint: str | None, args, model_config: dict) -> None:
     """Before the model loads: refuse a checkpoint saved for another architecture (its ``config.json`` against the
-    model's, ``model_config``), and warn when it was trained with other strategies (its ``training_args.json``)."""
+    model's, ``model_config``), and warn when it was trained with other settings (its ``training_args.json``,
+    :func:`warn_changed_settings`)."""
     if checkpoint is None:
         return
     saved_config = Path(checkpoint) / "config.json"
@@ -293,14 +323,44 @@ def check_resume_compatible(checkpoint: str | None, args, model_config: dict) ->
                 )
     saved_args = Path(checkpoint) / TRAINING_ARGS_JSON
     if saved_args.is_file():
-        before = json.loads(saved_args.read_text(encoding="utf-8")).get("strategies")
-        if before is not None and list(before) != list(args.strategies):
-            warnings.warn(
-                f"resume_from_checkpoint={checkpoint!r} was trained with strategies {list(before)}; this run uses "
-                f"{list(args.strategies)}: the resumed run changes strategy at step "
-                f"{check_trainer_state(Path(checkpoint) / 'trainer_state.json')['global_step']}.",
-                stacklevel=2,
-            )
+        warn_changed_settings(checkpoint, json.loads(saved_args.read_text(encoding="utf-8")), args)
+
+
+# Fields that say where and how a run is recorded, not what it computes: a resumed run may change them freely.
+_RECORDING_FIELDS = {"output_dir", "resume_from_checkpoint", "max_steps", "num_train_epochs", "run_name", "project",
+                     "report_to", "disable_tqdm", "local_rank", "debug", "hub_token", "push_to_hub",
+                     "num_completions_to_print", "skip_memory_metrics", "telemetry_steps", "token_telemetry",
+                     "dump_token_scores", "thr_debug_dump", "generation_capture", "ddp_timeout", "vllm_server_timeout",
+                     "dataloader_num_workers", "dataloader_persistent_workers", "dataloader_pin_memory",
+                     "dataloader_prefetch_factor", "per_device_eval_batch_size", "num_generations_eval",
+                     "load_best_model_at_end", "metric_for_best_model", "greater_is_better", "batch_eval_metrics",
+                     "prediction_loss_only", "do_train", "do_eval", "do_predict"}  # fmt: skip
+_RECORDING_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_", "eval_", "include_", "torch_empty_cache")
+# What a changed field makes differ, said beside it (the others change the training computation itself).
+_CHANGE_EFFECTS = {"seed": "the prompt order and every sampled completion", "data_seed": "the prompt order",
+                   "shuffle_dataset": "the prompt order"}  # fmt: skip
+
+
+def warn_changed_settings(checkpoint: str, saved: dict, args) -> None:
+    """Warn once, naming each field, when the run resuming ``checkpoint`` differs from the run that saved it
+    (``saved``: its ``training_args.json``) in a setting that makes the continued run differ from the uninterrupted
+    one: the seed or data order (a resume without the original ``--seed`` trains on other prompts), the strategies,
+    the learning rate, the batch shape, ... Fields that only say where and how the run is recorded are not compared."""
+    now = _json_safe(args.to_dict() if hasattr(args, "to_dict") else dict(vars(args)))
+    now = json.loads(json.dumps(now, default=str))  # the same encoding as the saved file
+    changed = [
+        f"{key} {saved[key]!r} -> {now[key]!r}" + (f" ({_CHANGE_EFFECTS[key]})" if key in _CHANGE_EFFECTS else "")
+        for key in sorted(set(saved) & set(now))
+        if saved[key] != now[key] and key not in _RECORDING_FIELDS and not key.startswith(_RECORDING_PREFIXES)
+    ]
+    if changed:
+        step = check_trainer_state(Path(checkpoint) / "trainer_state.json")["global_step"]
+        warnings.warn(
+            f"resume_from_checkpoint={checkpoint!r} (step {step}) was saved by a run with other settings: "
+            f"{'; '.join(changed)}. The continued run differs from the uninterrupted one from step {step} on; give "
+            "the saved values to continue the same run.",
+            stacklevel=3,
+        )
 
 
 def generation_period(args) -> int:
@@ -338,12 +398,10 @@ def write_complete_marker(trainer, checkpoint: str) -> None:
     if trainer.is_world_process_zero():
         write_training_args(trainer.args, checkpoint)
         marker = os.path.join(checkpoint, COMPLETE_MARKER)
-        listing = "".join(f"file\t{p.name}\t{p.stat().st_size}\n" for p in sorted(Path(checkpoint).iterdir())
-                          if p.is_file() and p.name != COMPLETE_MARKER)  # fmt: skip
-        with open(marker, "w", encoding="utf-8") as handle:
-            handle.write(f"step {trainer.state.global_step}\n{listing}")
-            handle.flush()
-            os.fsync(handle.fileno())
+        files = sorted(p for p in Path(checkpoint).rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+        listing = "".join(f"file\t{p.relative_to(checkpoint).as_posix()}\t{p.stat().st_size}\tsha256:{file_sha256(p)}\n"
+                          for p in files)  # fmt: skip
+        write_text_atomically(marker, f"step {trainer.state.global_step}\n{listing}")
 
 
 class LifecycleCallback(TrainerCallback):
