@@ -26,10 +26,12 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import struct
 import sys
 import threading
+import traceback
 import warnings
 import zipfile
 from pathlib import Path
@@ -522,13 +524,16 @@ def settle_collectives_at_exit() -> None:
 _SETTLE_REGISTERED = False
 
 
-def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False) -> str:
+def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False,
+                         save_failed: bool = False) -> str:
     """Save the weights, optimizer, scheduler and random states of the last finished step as a complete
     ``checkpoint-<step>`` (unless one exists), and return one sentence saying where the last good state is.
 
     Weights that are no longer finite are not saved. ``all_processes_here``: every process calls this together (a
     stop all processes decide on); otherwise, with several processes, saving would wait for the others forever, so
-    only the newest earlier checkpoint is named."""
+    only the newest earlier checkpoint is named. A ``checkpoint-<step>`` without its completion marker (a save that
+    failed, e.g. on a full disk) is removed, never left looking like a checkpoint; ``save_failed``: the error was that
+    save itself, which is not tried again."""
     output_dir = trainer.args.output_dir
     step = trainer.state.global_step
 
@@ -538,21 +543,62 @@ def save_last_good_state(trainer, weights_checked: bool = False, all_processes_h
 
     if trainer.accelerator.num_processes > 1 and not all_processes_here:
         return earlier(f"No checkpoint was saved ({trainer.accelerator.num_processes} processes save together)")
+    saved = os.path.join(output_dir, f"checkpoint-{step}")
+    removed = remove_incomplete_checkpoint(trainer, saved)
+    if save_failed:
+        return earlier(f"The half-written {saved} was removed" if removed else f"{saved} was not saved")
     if not weights_checked and not all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters()):
         return earlier("The weights are no longer finite, so they were not saved")
     if step == 0:
         return "No step had finished, so there was nothing to save."
-    saved = os.path.join(output_dir, f"checkpoint-{step}")
     if not (Path(saved) / COMPLETE_MARKER).exists():
         try:
             trainer._save_checkpoint(trainer.model, trial=None)
             write_complete_marker(trainer, saved)
         except Exception as error:  # noqa: BLE001 - e.g. a full disk: say so, keep the original error
-            return earlier(f"Saving checkpoint-{step} failed ({type(error).__name__}: {error})")
+            remove_incomplete_checkpoint(trainer, saved)
+            return earlier(f"Saving {saved} failed ({write_failure(error, saved)}; the half-written folder was removed)")
     return (
         f"The last good state (weights and optimizer after step {step}) is saved in {saved}; once the cause is "
         "fixed, continue with --resume_from_checkpoint true."
     )
+
+
+def remove_incomplete_checkpoint(trainer, folder: str) -> bool:
+    """Remove ``folder``, a checkpoint of this run's current step that has no completion marker (its save failed
+    part-way), on the main process; return whether one was removed."""
+    if not trainer.is_world_process_zero() or not os.path.isdir(folder) or (Path(folder) / COMPLETE_MARKER).exists():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def write_failure(error: BaseException, folder: str | os.PathLike) -> str:
+    """The cause of a failed write into ``folder`` in words. torch's zip writer says only ``[enforce fail at
+    inline_container.cc] unexpected pos ...`` and safetensors ``(os error 28)``: a full disk and the file-size limit
+    (``ulimit -f``, EFBIG) are read from the errno when there is one, else from the disk and the limit themselves."""
+    import errno
+    import resource
+
+    code = getattr(error, "errno", None)
+    if code is None and (found := re.search(r"os error (\d+)", str(error))):
+        code = int(found.group(1))
+    place = Path(folder)
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code is None and free < 1 << 20):
+        return f"no space left on the disk holding {folder} ({free} bytes free)"
+    if code == errno.EFBIG or (code is None and limit != resource.RLIM_INFINITY):
+        return f"a file in {folder} reached the file size limit (ulimit -f: {limit} bytes)"
+    if code is not None:
+        return f"{os.strerror(code)} writing into {folder}"
+    return f"{type(error).__name__} writing into {folder}: {' '.join(str(error).split())}"
+
+
+def _raised_in(error: BaseException, function: str) -> bool:
+    return any(frame.name == function for frame in traceback.extract_tb(error.__traceback__))
 
 
 class TrainingStopped(RuntimeError):
@@ -564,18 +610,70 @@ class TrainingStopped(RuntimeError):
 
 
 def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
-    """The error that ends a run which raised ``error`` during ``train()``, after saving its last good state."""
+    """The error that ends a run which raised ``error`` during ``train()``, after saving its last good state.
+
+    A checkpoint save that failed (a full disk) is named by its folder and cause; ``SystemExit`` or
+    ``KeyboardInterrupt`` raised by user code (a reward function calling ``sys.exit``) by where it was raised."""
     callback = lifecycle_callback(trainer)
     if callback is not None:
         callback.restore_signal_handlers()
     everywhere = bool(getattr(error, "everywhere", False))  # all processes raised it together: they save together
-    where = save_last_good_state(trainer, all_processes_here=everywhere)
-    message = " ".join(str(error).split()).rstrip(".") or repr(error)
-    stopped = TrainingStopped(
-        f"training stopped at step {trainer.state.global_step + 1} by {type(error).__name__}: {message}. {where}"
-    )
+    step = trainer.state.global_step
+    folder = os.path.join(trainer.args.output_dir, f"checkpoint-{step}")
+    save_failed = _raised_in(error, "_save_checkpoint") and not (Path(folder) / COMPLETE_MARKER).exists()
+    cause = write_failure(error, folder) if save_failed else ""  # before the half-written folder frees its space
+    where = save_last_good_state(trainer, all_processes_here=everywhere, save_failed=save_failed)
+    if save_failed:
+        what = f"training stopped after step {step}: saving checkpoint-{step} failed: {cause}"
+    elif isinstance(error, (SystemExit, KeyboardInterrupt)):
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        code = f"({error.code!r})" if isinstance(error, SystemExit) else ""
+        what = (f"training stopped at step {step + 1} by {type(error).__name__}{code} raised in {frame.filename}:"
+                f"{frame.lineno} ({frame.name}), not by sharpgrpo")  # fmt: skip
+    else:
+        message = " ".join(str(error).split()).rstrip(".") or repr(error)
+        what = f"training stopped at step {step + 1} by {type(error).__name__}: {message}"
+    stopped = TrainingStopped(f"{what}. {where}")
     stopped.everywhere = everywhere
     return stopped
+
+
+def save_step_log(trainer) -> None:
+    """``output_dir/trainer_state.json`` (every logged step), written atomically: a full disk leaves the earlier file
+    or none, never a truncated one (transformers' ``save_state`` writes in place)."""
+    if trainer.is_world_process_zero():
+        import dataclasses
+
+        text = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+        write_text_atomically(os.path.join(trainer.args.output_dir, "trainer_state.json"), text)
+
+
+def final_save_failed(trainer, error: BaseException, started: float) -> TrainingStopped:
+    """The error that ends a run whose final save into ``output_dir`` failed (``started``: when it began): the weight
+    files it cut short are removed, the step log is kept when it can be written, and the line names the folder,
+    the cause and the last complete checkpoint."""
+    output_dir = trainer.args.output_dir
+    cause = write_failure(error, output_dir)
+    removed = []
+    for path in sorted(Path(output_dir).glob("*.safetensors")) if trainer.is_world_process_zero() else []:
+        if path.stat().st_mtime >= started:
+            try:
+                check_safetensors(path)
+            except CheckpointError:  # cut short by the failed write: not left looking like a final model
+                path.unlink()
+                removed.append(path.name)
+    try:
+        save_step_log(trainer)
+        log = f"the step log is in {os.path.join(output_dir, 'trainer_state.json')}"
+    except OSError as log_error:
+        log = f"writing the step log failed too ({write_failure(log_error, output_dir)})"
+    latest, _ = latest_complete_checkpoint(output_dir)
+    state = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was saved (save_strategy)"
+    gone = f"; the half-written {', '.join(removed)} removed" if removed else ""
+    return TrainingStopped(
+        f"training finished {trainer.state.global_step} steps but saving the final model into {output_dir} failed: "
+        f"{cause}{gone}; {log}; {state}."
+    )
 
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:
