@@ -29,7 +29,10 @@ from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenera
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 from sharpgrpo.models.source import check_model_source
 from sharpgrpo.paths import write_text_atomically
+from sharpgrpo.run.output_dir import check_output_files, claim_output_files
 from sharpgrpo.validation import ConfigError, between, integer, one_of, positive, validate_fields
+
+EVAL_COMMAND = "sharpgrpo eval"
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
 # the output paths may change between runs.)
@@ -342,6 +345,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
     config = task.prepare_config(config)
     paths = output_paths(config.output)
+    check_output_files(paths.values(), command=EVAL_COMMAND)  # a user's results/x.md is never replaced
     settings = {**result_settings(config), **task.option_settings()}
     problems = task.load_problems(config)
     if not problems:
@@ -354,6 +358,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
     todo.sort(key=lambda p: (p.sampled, -len(json.dumps(p.prompt))))
     started = time.time()
     backend = None
+    claim_output_files(paths.values(), command=EVAL_COMMAND)  # every input checked: these files are eval's
     if todo:
         paths["samples"].parent.mkdir(parents=True, exist_ok=True)
         if config.overwrite or not paths["samples"].exists() or paths["samples"].stat().st_size == 0:

@@ -6,8 +6,9 @@ a marker, :data:`OUTPUT_MARKER` (``.sharpgrpo-output.json``: which command wrote
 and settings). A folder that holds anything without the marker, or the marker of another command (or, for a command
 that passes ``settings``, other settings), is refused naming what is there; nothing is removed or replaced that the
 project did not write, and nothing is touched before every input is checked. The commands' reports (``sharpgrpo
-compare``, ``plot``, ``tokens``) and training runs follow it; ``sharpgrpo eval`` writes files and refuses samples
-written with other settings (``--overwrite`` to start over).
+compare``, ``plot``, ``tokens``) and training runs follow it. ``sharpgrpo eval`` writes named files into a folder
+that may hold others (:func:`check_output_files`): it replaces only files the marker lists as its own, and refuses
+samples written with other settings (``--overwrite`` to start over).
 
 **A training run's output_dir.** Before anything loads, :func:`guard_output_dir` (``sharpgrpo train`` holds it for the
 whole run):
@@ -158,6 +159,48 @@ def claim_output_target(value: str | os.PathLike, *, command: str, settings: Map
     path.mkdir(parents=True, exist_ok=True)
     write_output_marker(path, command, None if settings is None else _jsonable(settings))
     return path
+
+
+def _files_written_by(folder: Path) -> dict[str, str]:
+    """``{file name: command}`` of the files a command wrote by name into ``folder`` (:func:`claim_output_files`)."""
+    try:
+        marker = json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = marker.get("files") if isinstance(marker, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def check_output_files(paths: Iterable[str | os.PathLike], *, command: str, label: str = "--output") -> None:
+    """The rule for a command that writes named files into a folder that may hold other things (``sharpgrpo eval``:
+    ``x.json``, ``x.md``, ``x.samples.jsonl`` beside a user's files): each may be written when it does not exist or
+    the folder's marker records it as written by ``command``; a file of the same name that the command did not write
+    is refused naming it. Checked before any work; nothing is created or changed here."""
+    for path in map(Path, paths):
+        _check_location(label, path.parent)
+        if (path.exists() or path.is_symlink()) and _files_written_by(path.parent).get(path.name) != command:
+            raise ConfigError(
+                f"{label}: {path} exists and {command} did not write it (it is not listed in {path.parent / OUTPUT_MARKER}"
+                f"); {command} never replaces a file it did not write: choose another {label}, or move that file."
+            )
+
+
+def claim_output_files(paths: Iterable[str | os.PathLike], *, command: str) -> None:
+    """When ``command`` starts writing the files of :func:`check_output_files`: create their folder and record them
+    in its marker as ``command``'s (a new or empty folder becomes ``command``'s; another command's marker keeps its
+    owner, a folder of other files gets a marker that lists only these files)."""
+    paths = [Path(p) for p in paths]
+    folder = paths[0].parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if read_output_marker(folder) is None and not folder_entries(folder):
+        write_output_marker(folder, command)
+    try:
+        marker = json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        marker = {}
+    marker = marker if isinstance(marker, dict) else {}
+    marker["files"] = {**_files_written_by(folder), **{path.name: command for path in paths}}
+    (folder / OUTPUT_MARKER).write_text(json.dumps(marker, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 def _inputs_inside(path: Path, inputs: Mapping[str, Any]) -> list[str]:
