@@ -125,7 +125,7 @@ def _read_records(path: Path) -> list[dict]:
     kind = {".json": "json", ".parquet": "parquet"}.get(path.suffix)
     if kind is None:
         raise ValueError(f"Unsupported data file {path} (use .jsonl, .json or .parquet).")
-    return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
+    return list(datasets.load_dataset(kind, data_files=glob.escape(str(path)), split="train"))  # the file, not a pattern
 
 
 def _nested(row: dict, dotted: str) -> Any:
