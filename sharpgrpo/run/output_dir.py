@@ -313,12 +313,30 @@ def guard_output_dir(
                 (path / OUTPUT_MARKER).unlink(missing_ok=True)
 
 
-def _acquire_lock(path: Path, field: str):
+def hold_output_folder(path: str | os.PathLike, field: str, holder: str):
+    """Create ``path`` and hold its lock for the rest of this process (``sharpgrpo compare``: one owner per output
+    folder, as a training run holds its output_dir); a folder another live process holds is refused naming it."""
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return _acquire_lock(path, field, holder)
+
+
+def refuse_if_held(path: str | os.PathLike, field: str, holder: str) -> None:
+    """Refuse at once a folder whose lock a live process holds, creating nothing (its lock is only tried)."""
+    lock = Path(path).expanduser() / LOCK_NAME
+    if lock.is_file():
+        handle = _acquire_lock(lock.parent, field, holder, create=False)
+        if handle is not None:
+            handle.close()  # closing the only descriptor releases the lock; the file is left as it was
+
+
+def _acquire_lock(path: Path, field: str, holder: str = "training run", create: bool = True):
     try:
         import fcntl
     except ImportError:  # no fcntl (Windows): the non-empty check still applies
         return None
-    handle = open(path / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 (held until _release_lock)
+    # held until _release_lock, or the process's end
+    handle = open(path / LOCK_NAME, "a+" if create else "r+", encoding="utf-8")  # noqa: SIM115
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -326,9 +344,11 @@ def _acquire_lock(path: Path, field: str):
         owner = handle.read().strip() or "unknown"
         handle.close()
         raise ConfigError(
-            f"{field}={str(path)!r} is in use by another running training run (process {owner}); wait for it to "
-            "end or choose another output_dir."
+            f"{field}={str(path)!r} is in use by another running {holder} (process {owner}); wait for it to "
+            f"end or choose another {field.lstrip('-')}."
         ) from None
+    if not create:
+        return handle
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
