@@ -178,7 +178,7 @@ class StrategySet:
         for cls in classes:
             cls.check_config(args)
         check_strategies_act(args.strategies, classes, args)
-        warn_unread_strategy_params(args, classes)
+        warn_fields_that_do_nothing(args, classes)
         check_telemetry_request(args)
 
 
@@ -221,24 +221,32 @@ def check_telemetry_request(args: Any) -> None:
         )
 
 
-def warn_unread_strategy_params(args: Any, classes: Sequence[type]) -> None:
-    """A strategy parameter set away from its default that none of the selected strategies reads (``params``)
-    warns, naming the strategies it belongs to: ``thr_p: 0.1`` with ``strategies: grpo_sg`` does nothing."""
+def warn_fields_that_do_nothing(args: Any, classes: Sequence[type]) -> None:
+    """Say once, naming it, each field set away from its default that does nothing in this run, by what the fields
+    and strategies declare (no list kept here): a strategy parameter that none of the selected strategies reads
+    (their ``params``: ``thr_p: 0.1`` with ``strategies: grpo_sg``), and a field of a feature that is off (its
+    ``param(..., acts_when=ActsWhen(...))``: ``kl_estimator: k1`` with ``beta: 0``, ``dynamic_sampling_*`` without
+    ``dynamic_sampling``). A strategy that cannot act with these settings is refused instead (``Strategy.inert``)."""
     read = {name for cls in classes for name in getattr(cls, "params", ())}
     owners: dict[str, list[str]] = {}
     for name in STRATEGIES.names():
         for parameter in getattr(STRATEGIES.get(name), "params", ()):
             owners.setdefault(parameter, []).append(name)
-    for f in fields(StrategyParams):
+    for f in fields(args):
         value = getattr(args, f.name)
-        if f.name in read or f.name not in owners or value == f.default:
+        if value == f.default:
             continue
-        warnings.warn(
-            f"{f.name}={value!r} is not read by strategies={args.strategies}: it is a parameter of "
-            f"{', '.join(owners[f.name])}; it has no effect in this run.",
-            UserWarning,
-            stacklevel=3,
-        )
+        acts_when = getattr(f, "acts_when", None)
+        if f.name in owners and f.name not in read and f.name in STRATEGY_PARAM_NAMES:
+            why = f"is not read by strategies={args.strategies}: it is a parameter of {', '.join(owners[f.name])}"
+        elif acts_when is not None and not acts_when.test(args):
+            why = f"acts only with {acts_when.feature}, which is off"
+        else:
+            continue
+        warnings.warn(f"{f.name}={value!r} {why}; it has no effect in this run.", UserWarning, stacklevel=3)
+
+
+STRATEGY_PARAM_NAMES = frozenset(f.name for f in fields(StrategyParams))
 
 
 def check_loss_compositions(names: list[str], classes: list[type]) -> None:

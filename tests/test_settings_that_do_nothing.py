@@ -1,0 +1,54 @@
+"""Rule 5 of "nothing lost": a setting that does nothing is refused or said once, by what the fields and strategies
+declare (``param(..., acts_when=...)`` for a feature's fields, ``Strategy.inert`` for a strategy), through
+``sharpgrpo train`` as the command line runs it; a refusal leaves the disk as it was."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+from helpers import disk_listing
+from test_entry_point_errors import DEMO, run_command
+
+
+def _train(tmp, *args: str) -> list[str]:
+    return ["train", "--config", DEMO, "--output_dir", str(tmp / "out"), "--max_steps", "1", *args]
+
+
+def _refused(argv, folder, capsys, monkeypatch) -> str:
+    """The command's one error line; the folder is unchanged by it."""
+    before = disk_listing(folder)
+    line = run_command(argv, capsys, monkeypatch)
+    assert disk_listing(folder) == before, argv
+    return line
+
+
+def test_a_strategy_that_cannot_act_is_refused(tmp_path, capsys, monkeypatch):
+    line = _refused(_train(tmp_path, "--strategies", "gtpo", "--gtpo_alpha1", "0", "--gtpo_alpha2", "0"), tmp_path,
+                    capsys, monkeypatch)  # fmt: skip
+    assert "gtpo would do nothing here (gtpo_alpha1 = gtpo_alpha2 = 0: every shaped reward is 0" in line, line
+    # The demo is on-policy (num_iterations 1) with beta 0: archer's clip ranges never act, no KL: plain GRPO.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # refused, with no warning about its KL first
+        line = _refused(_train(tmp_path, "--strategies", "archer"), tmp_path, capsys, monkeypatch)
+    assert "archer would do nothing here (on-policy (num_iterations=1" in line and "beta=0 has no KL" in line, line
+
+
+def test_a_field_of_a_feature_that_is_off_is_said_once(tmp_path, capsys, monkeypatch):
+    """kl_estimator with beta 0 and dynamic_sampling_* without dynamic_sampling: one line each, before the run goes
+    on (here it stops at a missing data file, so nothing trains)."""
+    from sharpgrpo.cli import main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    argv = _train(tmp_path, "--kl_estimator", "k1", "--dynamic_sampling_max_rounds", "3", "--dataset_name",
+                  str(tmp_path / "missing.jsonl"))  # fmt: skip
+    with warnings.catch_warnings(record=True) as said, pytest.raises(SystemExit):
+        warnings.simplefilter("default")
+        main(argv)
+    lines = [str(w.message) for w in said]
+    assert lines.count("kl_estimator='k1' acts only with beta > 0 (the KL term; beta=0 computes no KL), which is off; "
+                       "it has no effect in this run.") == 1, lines  # fmt: skip
+    assert lines.count("dynamic_sampling_max_rounds=3 acts only with dynamic_sampling: true, which is off; it has no "
+                       "effect in this run.") == 1, lines  # fmt: skip
+    assert "missing.jsonl" in capsys.readouterr().err
