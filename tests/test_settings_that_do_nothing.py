@@ -8,20 +8,7 @@ import sys
 import warnings
 
 import pytest
-from helpers import disk_listing
-from test_entry_point_errors import DEMO, run_command
-
-
-def _train(tmp, *args: str) -> list[str]:
-    return ["train", "--config", DEMO, "--output_dir", str(tmp / "out"), "--max_steps", "1", *args]
-
-
-def _refused(argv, folder, capsys, monkeypatch) -> str:
-    """The command's one error line; the folder is unchanged by it."""
-    before = disk_listing(folder)
-    line = run_command(argv, capsys, monkeypatch)
-    assert disk_listing(folder) == before, argv
-    return line
+from test_inputs_literal_and_named import _refused, _train
 
 
 def test_a_strategy_that_cannot_act_is_refused(tmp_path, capsys, monkeypatch):
