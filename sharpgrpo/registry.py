@@ -29,7 +29,8 @@ def import_from_path(path: str):
         raise ValueError(f"{path!r} is not a dotted import path of the form 'package.module.attribute'.")
     said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):  # what it prints while importing (argparse's usage), shown unless it exits
+        # what it prints while importing (argparse's usage) is shown after, unless it exits (then in the error)
+        with contextlib.redirect_stderr(said):
             module = importlib.import_module(module_name)
     except SystemExit as error:  # user code that parses arguments or exits on import: name the module, not the parser
         stdlib = sysconfig.get_paths()["stdlib"]  # the user's line, not argparse's exit()

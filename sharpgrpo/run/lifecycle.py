@@ -401,8 +401,10 @@ def write_complete_marker(trainer, checkpoint: str) -> None:
         write_training_args(trainer.args, checkpoint)
         marker = os.path.join(checkpoint, COMPLETE_MARKER)
         files = sorted(p for p in Path(checkpoint).rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
-        listing = "".join(f"file\t{p.relative_to(checkpoint).as_posix()}\t{p.stat().st_size}\tsha256:{file_sha256(p)}\n"
-                          for p in files)  # fmt: skip
+        listing = "".join(
+            f"file\t{p.relative_to(checkpoint).as_posix()}\t{p.stat().st_size}\tsha256:{file_sha256(p)}\n"
+            for p in files
+        )
         write_text_atomically(marker, f"step {trainer.state.global_step}\n{listing}")
 
 
@@ -556,8 +558,9 @@ def save_last_good_state(trainer, weights_checked: bool = False, all_processes_h
             trainer._save_checkpoint(trainer.model, trial=None)
             write_complete_marker(trainer, saved)
         except Exception as error:  # noqa: BLE001 - e.g. a full disk: say so, keep the original error
+            cause = write_failure(error, saved)  # before the half-written folder frees its space
             remove_incomplete_checkpoint(trainer, saved)
-            return earlier(f"Saving {saved} failed ({write_failure(error, saved)}; the half-written folder was removed)")
+            return earlier(f"Saving {saved} failed ({cause}; the half-written folder was removed)")
     return (
         f"The last good state (weights and optimizer after step {step}) is saved in {saved}; once the cause is "
         "fixed, continue with --resume_from_checkpoint true."

@@ -180,8 +180,9 @@ def check_output_files(paths: Iterable[str | os.PathLike], *, command: str, labe
         _check_location(label, path.parent)
         if (path.exists() or path.is_symlink()) and _files_written_by(path.parent).get(path.name) != command:
             raise ConfigError(
-                f"{label}: {path} exists and {command} did not write it (it is not listed in {path.parent / OUTPUT_MARKER}"
-                f"); {command} never replaces a file it did not write: choose another {label}, or move that file."
+                f"{label}: {path} exists and {command} did not write it (it is not listed in "
+                f"{path.parent / OUTPUT_MARKER}); {command} never replaces a file it did not write: choose another "
+                f"{label}, or move that file."
             )
 
 
