@@ -38,6 +38,7 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 # The features whose fields act only while they are on (`param(..., acts_when=...)`).
 KL_TERM = ActsWhen("beta > 0 (the KL term; beta=0 computes no KL)", lambda args: args.beta != 0)
 DYNAMIC_SAMPLING = ActsWhen("dynamic_sampling: true", lambda args: bool(args.dynamic_sampling))
+OVERLONG_PENALTY = ActsWhen("the overlong_penalty reward in reward_funcs", reward="overlong_penalty")
 
 
 @dataclass
@@ -105,11 +106,11 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "`overlong_penalty`: DAPO's L_cache (Eq. 13), the last tokens of `max_completion_length` over which the "
         "penalty grows to `overlong_penalty_factor` (verl `overlong_buffer.len`); None: a fifth of "
         "max_completion_length (DAPO's 4096 of 20480).",
-        integer(1, allow_none=True),
+        integer(1, allow_none=True), acts_when=OVERLONG_PENALTY,
     )
     overlong_penalty_factor: float = param(
         1.0, "`overlong_penalty`: the penalty at max_completion_length (verl `overlong_buffer.penalty_factor`).",
-        non_negative(),
+        non_negative(), acts_when=OVERLONG_PENALTY,
     )
     # Advantage strategies' inputs and their per-token scores (docs/methods.md §3).
     dump_token_scores: bool = param(

@@ -48,11 +48,13 @@ class _RuledField(dataclasses.Field):
 @dataclasses.dataclass(frozen=True)
 class ActsWhen:
     """The feature a field belongs to, declared with the field (``param(..., acts_when=ActsWhen(...))``): ``feature``
-    says in words when the field acts (``"beta > 0 (the KL term)"``) and ``test(args)`` whether it does. A field set
-    away from its default while its feature is off is said once (``strategy_set.warn_fields_that_do_nothing``)."""
+    says in words when the field acts (``"beta > 0 (the KL term)"``) and ``test(args)`` whether it does, or
+    ``reward`` the reward function it belongs to. A field set away from its default while its feature is off is said
+    once (``strategy_set.warn_fields_that_do_nothing``, with the reward functions when the trainer has them)."""
 
     feature: str
-    test: Callable[[Any], bool]
+    test: Callable[[Any], bool] | None = None
+    reward: str | None = None  # the field acts only with this reward function among reward_funcs (known at training)
 
 
 def param(default, help: str, rule, acts_when: ActsWhen | None = None):

@@ -39,3 +39,24 @@ def test_a_field_of_a_feature_that_is_off_is_said_once(tmp_path, capsys, monkeyp
     assert lines.count("dynamic_sampling_max_rounds=3 acts only with dynamic_sampling: true, which is off; it has no "
                        "effect in this run.") == 1, lines  # fmt: skip
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_a_reward_functions_field_without_that_reward_is_said_once(tmp_path):
+    """overlong_* act only with the overlong_penalty reward, which the config does not know: the trainer says it once
+    when it binds its reward functions (``checked_reward_functions``, what ``SharpGRPOTrainer`` calls)."""
+    from helpers import cpu_config
+
+    from reward_fns import get_reward_function
+    from sharpgrpo.training.output_checks import checked_reward_functions
+
+    args = cpu_config(tmp_path, overlong_penalty_factor=0.5, max_completion_length=10)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        checked_reward_functions([get_reward_function("allowed_letters")], args)
+    assert [str(w.message) for w in said if "overlong" in str(w.message)] == [
+        "overlong_penalty_factor=0.5 acts only with the overlong_penalty reward in reward_funcs, which is not among "
+        "them; it has no effect in this run."
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        checked_reward_functions([get_reward_function("allowed_letters"), get_reward_function("overlong_penalty")], args)

@@ -8,18 +8,17 @@ hooks, the telemetry and the model card ask one object instead of re-deriving it
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, LossContext, LossTerms, TokenWeightStrategy
 from sharpgrpo.strategies.loss_types import RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.strategy_params import StrategyParams
 from sharpgrpo.training.generation.entropy_inputs import strategy_loss_weights
 from sharpgrpo.training.generation.inputs import GENERATION_INPUTS
+from sharpgrpo.training.inert_fields import warn_fields_that_do_nothing
 from sharpgrpo.training.loss.terms import collect_loss_terms
 from sharpgrpo.training.output_checks import StrategyOutputChecker
 from sharpgrpo.validation import ConfigError
@@ -219,34 +218,6 @@ def check_telemetry_request(args: Any) -> None:
             "telemetry file would be written; set telemetry_steps <= max_steps (or logging_first_step: true for "
             "step 1)."
         )
-
-
-def warn_fields_that_do_nothing(args: Any, classes: Sequence[type]) -> None:
-    """Say once, naming it, each field set away from its default that does nothing in this run, by what the fields
-    and strategies declare (no list kept here): a strategy parameter that none of the selected strategies reads
-    (their ``params``: ``thr_p: 0.1`` with ``strategies: grpo_sg``), and a field of a feature that is off (its
-    ``param(..., acts_when=ActsWhen(...))``: ``kl_estimator: k1`` with ``beta: 0``, ``dynamic_sampling_*`` without
-    ``dynamic_sampling``). A strategy that cannot act with these settings is refused instead (``Strategy.inert``)."""
-    read = {name for cls in classes for name in getattr(cls, "params", ())}
-    owners: dict[str, list[str]] = {}
-    for name in STRATEGIES.names():
-        for parameter in getattr(STRATEGIES.get(name), "params", ()):
-            owners.setdefault(parameter, []).append(name)
-    for f in fields(args):
-        value = getattr(args, f.name)
-        if value == f.default:
-            continue
-        acts_when = getattr(f, "acts_when", None)
-        if f.name in owners and f.name not in read and f.name in STRATEGY_PARAM_NAMES:
-            why = f"is not read by strategies={args.strategies}: it is a parameter of {', '.join(owners[f.name])}"
-        elif acts_when is not None and not acts_when.test(args):
-            why = f"acts only with {acts_when.feature}, which is off"
-        else:
-            continue
-        warnings.warn(f"{f.name}={value!r} {why}; it has no effect in this run.", UserWarning, stacklevel=3)
-
-
-STRATEGY_PARAM_NAMES = frozenset(f.name for f in fields(StrategyParams))
 
 
 def check_loss_compositions(names: list[str], classes: list[type]) -> None:
