@@ -1,14 +1,20 @@
 """Rule 6 of "nothing lost": data paths are literal, a bad row is named by file and line whatever layer would find it,
-and user code that exits on import is named, each through ``sharpgrpo train`` as the command line runs it, with the
-disk unchanged by the refusal (``helpers.disk_listing``)."""
+a LoRA adapter as teacher loads through its base, and user code that exits on import is named, each through
+``sharpgrpo train`` as the command line runs it, with the disk unchanged by a refusal (``helpers.disk_listing``)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from helpers import disk_listing
 from test_entry_point_errors import DEMO, run_command
 
+REPO = Path(__file__).resolve().parents[1]
 ROW = {"prompt": "letters: a b c\nword:", "allowed": "abc"}
 
 
@@ -63,3 +69,23 @@ def test_a_reward_module_that_parses_arguments_or_exits_on_import_is_named(tmp_p
         "error: reward_funcs[0]='exit_reward.reward': Importing module 'exit_reward' for 'exit_reward.reward' ended "
         f"the process (SystemExit('set MY_API_KEY first') in {tmp_path / 'exit_reward.py'}:2)"
     ), line
+
+
+@pytest.mark.slow  # two one-step training runs
+def test_a_lora_adapter_teacher_loads_through_its_prepared_base(tmp_path):
+    """A LoRA run of sharpgrpo-tiny saves an adapter whose base is the prepared name; as another run's teacher_model
+    it loads through that base (merged), where transformers alone would look the name up on the Hub."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    common = ["--config", "demo", "--max_steps", "1", "--save_completions", "false", "--plot", "false"]
+
+    def train(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sharpgrpo", "train", *common, *args], env=env,
+                              capture_output=True, text=True, timeout=400, check=False)  # fmt: skip
+
+    adapter = tmp_path / "lora"
+    assert train("--use_peft", "true", "--output_dir", str(adapter)).returncode == 0
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "sharpgrpo-tiny"
+    distilled = train("--strategies", "opd", "--teacher_model", str(adapter), "--output_dir", str(tmp_path / "opd"))
+    assert distilled.returncode == 0, distilled.stderr[-2000:]
+    assert "[sharpgrpo] done at step 1" in distilled.stderr
