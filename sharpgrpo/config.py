@@ -16,7 +16,7 @@ from trl import GRPOConfig
 from sharpgrpo.strategies import strategy_names_help
 from sharpgrpo.strategies.kl_estimators import DEFAULT_KL_ESTIMATOR, KL_ESTIMATORS
 from sharpgrpo.strategies.loss_types import LOSS_TYPES
-from sharpgrpo.strategy_params import PARAM_RULES, StrategyParams, _RuledField, param
+from sharpgrpo.strategy_params import PARAM_RULES, ActsWhen, StrategyParams, _RuledField, param
 from sharpgrpo.training.generation.async_rollout.checks import check_async_config
 from sharpgrpo.training.strategy_set import StrategySet
 from sharpgrpo.validation import (
@@ -34,6 +34,13 @@ from sharpgrpo.validation import (
 WEIGHT_PLACEMENTS = ("ratio", "loss")
 KL_WEIGHTINGS = ("loss", "inside", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
+
+
+# The features whose fields act only while they are on (`param(..., acts_when=...)`).
+KL_TERM = ActsWhen("beta > 0 (the KL term; beta=0 computes no KL)", lambda args: args.beta != 0)
+DYNAMIC_SAMPLING = ActsWhen("dynamic_sampling: true", lambda args: bool(args.dynamic_sampling))
+OVERLONG_PENALTY = ActsWhen("the overlong_penalty reward in reward_funcs", reward="overlong_penalty")
+ASYNC_GENERATION = ActsWhen("async_generation: true", lambda args: bool(args.async_generation))
 
 
 @dataclass
@@ -65,14 +72,14 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "loss",
         "How w enters the k3 KL term (beta > 0): `loss` w*kl (GRPO-SG Lemma 3.4), `inside` k3 of w*pref/p (TR-GRPO "
         "Eq. 11), `none`.",
-        one_of(*KL_WEIGHTINGS),
+        one_of(*KL_WEIGHTINGS), acts_when=KL_TERM,
     )
     kl_estimator: str = param(
         DEFAULT_KL_ESTIMATOR,
         "Estimator of the per-token KL(pi || pi_ref) in the beta term (Schulman 2020, 'Approximating KL divergence'; "
         "verl's `kl_penalty`): `k3` (TRL's, the default), `k1`, `k2`, `low_var_kl` (verl's clamped k3), `k3_plus` "
         "(low_var_kl's value with k2's gradient, verl's `k3+`). docs/methods.md §15.3.",
-        one_of(*KL_ESTIMATORS),
+        one_of(*KL_ESTIMATORS), acts_when=KL_TERM,
     )
     # Dynamic sampling (DAPO §3.2, verl's `filter_groups`; docs/methods.md §15.5).
     dynamic_sampling: bool = param(
@@ -86,14 +93,14 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "reward_std",
         "What a group must vary in to be kept: `reward_std` (the total reward), `accuracy` (the answer checks: "
         "accuracy in (0, 1), DAPO's filter) or a reward function's name as logged (`rewards/<name>/mean`).",
-        name(),
+        name(), acts_when=DYNAMIC_SAMPLING,
     )
     dynamic_sampling_max_rounds: int = param(
         9,
         "Extra generation rounds allowed per generation batch (verl's `max_num_gen_batches` 10 in all, minus the "
         "first); when spent, failing groups fill the batch (`dynamic_sampling/groups_unfilled`), and a step where no "
         "group passed stops training.",
-        integer(0),
+        integer(0), acts_when=DYNAMIC_SAMPLING,
     )
     # The overlong penalty reward (`reward_funcs: [..., overlong_penalty]`; docs/methods.md §15.4).
     overlong_buffer_length: int | None = param(
@@ -101,11 +108,11 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "`overlong_penalty`: DAPO's L_cache (Eq. 13), the last tokens of `max_completion_length` over which the "
         "penalty grows to `overlong_penalty_factor` (verl `overlong_buffer.len`); None: a fifth of "
         "max_completion_length (DAPO's 4096 of 20480).",
-        integer(1, allow_none=True),
+        integer(1, allow_none=True), acts_when=OVERLONG_PENALTY,
     )
     overlong_penalty_factor: float = param(
         1.0, "`overlong_penalty`: the penalty at max_completion_length (verl `overlong_buffer.penalty_factor`).",
-        non_negative(),
+        non_negative(), acts_when=OVERLONG_PENALTY,
     )
     # Advantage strategies' inputs and their per-token scores (docs/methods.md §3).
     dump_token_scores: bool = param(
@@ -136,7 +143,7 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         "`async_generation`: k, how many policy versions (generation batches) a batch may lag the trainer; it is "
         "submitted k generation batches ahead, so the bound holds and nothing is dropped; 0: the trainer waits for "
         "each batch, generated with its current weights and random state (equal to synchronous training).",
-        integer(0),
+        integer(0), acts_when=ASYNC_GENERATION,
     )
 
     # Diagnostics.

@@ -47,3 +47,20 @@ def looks_like_local_path(name: str) -> bool:
     if "\\" in name or name.endswith("/") or name.count("/") >= 2 or name.lower().endswith(_DATA_SUFFIXES):
         return True
     return "/" in name and Path(name).parent.is_dir()
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write ``path`` so that a file under its name is always complete: the text goes to a temporary file beside it
+    (flushed to disk), which then replaces ``path``; a failed write (a full disk) removes the temporary file and
+    leaves any earlier ``path`` as it was."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise

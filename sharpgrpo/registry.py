@@ -6,7 +6,12 @@ or ``package.module:attribute``) so users can plug their own objects without reg
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -22,8 +27,21 @@ def import_from_path(path: str):
         module_name, _, attribute = path.rpartition(".")
     if not module_name or not attribute:
         raise ValueError(f"{path!r} is not a dotted import path of the form 'package.module.attribute'.")
+    said = io.StringIO()
     try:
-        module = importlib.import_module(module_name)
+        # what it prints while importing (argparse's usage) is shown after, unless it exits (then in the error)
+        with contextlib.redirect_stderr(said):
+            module = importlib.import_module(module_name)
+    except SystemExit as error:  # user code that parses arguments or exits on import: name the module, not the parser
+        stdlib = sysconfig.get_paths()["stdlib"]  # the user's line, not argparse's exit()
+        frame = [f for f in traceback.extract_tb(error.__traceback__)
+                 if not f.filename.startswith(("<", stdlib))][-1]  # fmt: skip
+        last = ([line for line in said.getvalue().splitlines() if line.strip()] or [""])[-1].strip()
+        raise ValueError(
+            f"Importing module {module_name!r} for {path!r} ended the process (SystemExit({error.code!r}) in "
+            f"{frame.filename}:{frame.lineno}{f'; it printed {last!r}' if last else ''}): a module given by path must "
+            "not parse command-line arguments or exit on import; move that code under `if __name__ == \"__main__\":`."
+        ) from None
     except ImportError as error:
         raise ValueError(f"Could not import module {module_name!r} for {path!r}: {error}") from error
     except Exception as error:  # user code that fails while importing: one line naming it
@@ -31,6 +49,7 @@ def import_from_path(path: str):
         raise ValueError(
             f"Importing module {module_name!r} for {path!r} raised {type(error).__name__}: {message}"
         ) from error
+    sys.stderr.write(said.getvalue())
     try:
         return getattr(module, attribute)
     except AttributeError as error:

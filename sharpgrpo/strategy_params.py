@@ -10,6 +10,8 @@ so both the config and the strategies import it. The decisions behind the defaul
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 from sharpgrpo.validation import (
@@ -40,10 +42,22 @@ class _RuledField(dataclasses.Field):
     """A dataclass field that also carries the rule of the values it accepts (``FIELD_RULES`` collects them). Kept
     out of ``metadata``, which transformers' argument parser hands to argparse as keyword arguments."""
 
-    __slots__ = ("rule",)
+    __slots__ = ("rule", "acts_when")
 
 
-def param(default, help: str, rule):
+@dataclasses.dataclass(frozen=True)
+class ActsWhen:
+    """The feature a field belongs to, declared with the field (``param(..., acts_when=ActsWhen(...))``): ``feature``
+    says in words when the field acts (``"beta > 0 (the KL term)"``) and ``test(args)`` whether it does, or
+    ``reward`` the reward function it belongs to. A field set away from its default while its feature is off is said
+    once (``strategy_set.warn_fields_that_do_nothing``, with the reward functions when the trainer has them)."""
+
+    feature: str
+    test: Callable[[Any], bool] | None = None
+    reward: str | None = None  # the field acts only with this reward function among reward_funcs (known at training)
+
+
+def param(default, help: str, rule, acts_when: ActsWhen | None = None):
     """A field of ours: its default, what it does (``help``: a line or two, details in docs/methods.md) and the
     values it accepts (``rule``, sharpgrpo.validation), declared together. Every number is also held to the range
     of the tensors it meets (``validation.in_tensor_range``: |x| <= 1e30 for a real, int64 for an integer), so a
@@ -53,6 +67,7 @@ def param(default, help: str, rule):
     for slot in dataclasses.Field.__slots__:
         setattr(ruled, slot, getattr(plain, slot))
     ruled.rule = in_tensor_range(rule)
+    ruled.acts_when = acts_when
     return ruled
 
 

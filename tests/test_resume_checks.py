@@ -1,6 +1,6 @@
 """Resuming is checked before the model loads (``sharpgrpo.run.lifecycle.check_resume_compatible``): a checkpoint saved
-for another architecture is refused naming the differing field; one trained with other strategies warns naming
-both lists."""
+for another architecture is refused naming the differing field; one saved by a run with other settings warns naming
+each field with both values."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def test_another_architecture_is_refused_naming_the_field(tmp_path):
 
 def test_other_strategies_warn_naming_both(tmp_path):
     saved = checkpoint(tmp_path, MODEL, ["grpo_sg"])
-    with pytest.warns(UserWarning, match=r"trained with strategies \['grpo_sg'\]; this run uses \['equal'\].*step 4"):
+    with pytest.warns(UserWarning, match=r"\(step 4\) was saved by a run with other settings: strategies \['grpo_sg'\] "
+                      r"-> \['equal'\]"):  # fmt: skip
         check_resume_compatible(saved, types.SimpleNamespace(strategies=["equal"]), MODEL)
     import warnings
 

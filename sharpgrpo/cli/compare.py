@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         settings = {"config": str(Path(args.config).resolve()), "set": [list(o) for o in overrides],
                     "eval": [args.eval_task, args.eval_limit, [list(o) for o in eval_set]]}  # fmt: skip
         check_output_folder("--output", args.output, command="sharpgrpo compare", settings=settings)
+        from sharpgrpo.run.output_dir import refuse_if_held
+
+        refuse_if_held(args.output, "--output", "sharpgrpo compare")  # a live comparison there: refused at once
 
         output = Path(args.output)
         threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
@@ -134,8 +137,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if os.sep in args.python:  # the runs start in the repository root: a relative interpreter path is from here
         args.python = str(Path(args.python).absolute())
     interrupted = False
-    from sharpgrpo.run.output_dir import claim_output_target
+    from sharpgrpo.run.output_dir import claim_output_target, hold_output_folder
 
+    try:  # one owner per output folder, for the whole comparison (released when this process ends, however it ends)
+        held = hold_output_folder(output, "--output", "sharpgrpo compare")  # noqa: F841
+    except ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
     claim_output_target(output, command="sharpgrpo compare", settings=settings, config=vars(args),
                         argv=argv)  # every run was checked first
     if args.report_only:

@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ConfigError(f"--labels={args.labels}: {len(args.labels)} label(s) for {len(args.runs)} run(s); give "
                           "one per run.")  # fmt: skip
     check_output_folder("--output", args.output, command=parser.prog)  # run.output_dir: the rule of every writer
+    from sharpgrpo.diagnostics.curves import load_log_history
     from sharpgrpo.run.output_dir import claim_output_target
+
+    for run in args.runs:  # every input read before the folder is claimed: a refusal creates nothing
+        load_log_history(run)
 
     claim_output_target(args.output, command=parser.prog, config=vars(args), argv=argv)
     result = plot_runs(args.runs, args.output, args.labels, args.smooth, args.spike_factor)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -147,8 +148,11 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
         CheckpointError,
         NonFiniteTrainingError,
         check_resume_compatible,
+        final_save_failed,
         lifecycle_callback,
+        save_step_log,
         stop_after_error,
+        write_failure,
     )
     from sharpgrpo.run.run_output import CompletionsCallback, QuietProgressCallback, training_summary
     from sharpgrpo.validation import ConfigError
@@ -160,8 +164,16 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     warn_if_template_unused(train_dataset, tokenizer, task.dataset_name, task.dataset_kwargs)
+    # before the resume check, which compares the arguments with the saved run's (as they were saved)
+    model_init_kwargs = dict(training_args.model_init_kwargs or {})
+    if model_args.dtype is not None:
+        model_init_kwargs.setdefault("dtype", model_args.dtype)
+    if model_args.attn_implementation is not None:
+        model_init_kwargs.setdefault("attn_implementation", model_args.attn_implementation)
+    training_args.model_init_kwargs = model_init_kwargs or None
+
     model_config = AutoConfig.from_pretrained(model_path, revision=model_args.model_revision).to_dict()
-    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other strategies warn
+    try:  # a checkpoint of another architecture, before load_state_dict would fail on it; other settings warn
         check_resume_compatible(training_args.resume_from_checkpoint, training_args, model_config)
     except CheckpointError as error:
         raise ConfigError(str(error)) from None
@@ -169,13 +181,6 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
         train_dataset, tokenizer, model_context_length(model_path, model_args.model_revision),
         training_args.max_completion_length, f"dataset_name={task.dataset_name!r}", training_args.chat_template_kwargs,
     )  # fmt: skip
-
-    model_init_kwargs = dict(training_args.model_init_kwargs or {})
-    if model_args.dtype is not None:
-        model_init_kwargs.setdefault("dtype", model_args.dtype)
-    if model_args.attn_implementation is not None:
-        model_init_kwargs.setdefault("attn_implementation", model_args.attn_implementation)
-    training_args.model_init_kwargs = model_init_kwargs or None
 
     trainer = SharpGRPOTrainer(
         model=model_name,  # as given: the trainer resolves a prepared name and names it on a saved adapter
@@ -202,12 +207,16 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
     except NonFiniteTrainingError as error:
         _save_logs_and_plot(trainer, task)
         raise SystemExit(f"error: {error}") from None
-    except Exception as error:  # any other error: the last good weights and optimizer, the logs and the plot
+    except (Exception, SystemExit, KeyboardInterrupt) as error:  # any other error, user code ending the process:
+        stopper = lifecycle_callback(trainer)  # the last good weights and optimizer, the logs and the plot
+        if isinstance(error, KeyboardInterrupt) and stopper is not None and stopper.signal_received:
+            raise  # a second Ctrl-C: stop at once, as the first one said
         stopped = stop_after_error(trainer, error)
         try:
             _save_logs_and_plot(trainer, task)
         except Exception as save_error:  # noqa: BLE001 - keep the training error as the one reported
-            print(f"[sharpgrpo] writing trainer_state.json or the plot failed: {save_error}", file=sys.stderr)
+            print(f"[sharpgrpo] writing trainer_state.json or the plot into {training_args.output_dir} failed: "
+                  f"{write_failure(save_error, training_args.output_dir)}", file=sys.stderr)  # fmt: skip
         if stopped.everywhere and trainer.accelerator.num_processes > 1:  # all processes stopped on it together
             exit_together(stopped, trainer.is_world_process_zero(), trainer.accelerator.wait_for_everyone)
         raise stopped from error
@@ -218,8 +227,12 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
             print(training_summary(trainer, interrupted=True), file=sys.stderr)
         raise SystemExit(128 + int(stopper.signal_received))
 
-    trainer.save_model(training_args.output_dir)  # final weights (or adapters) + tokenizer + model card
-    trainer.save_state()  # full log history in output_dir/trainer_state.json
+    started = time.time() - 1  # file times can be a second coarse
+    try:
+        trainer.save_model(training_args.output_dir)  # final weights (or adapters) + tokenizer + model card
+        save_step_log(trainer)  # full log history in output_dir/trainer_state.json
+    except Exception as error:  # a full disk: the folder and cause, the step log and the last complete checkpoint
+        raise final_save_failed(trainer, error, started) from error
     if trainer.is_world_process_zero():
         trainer.create_model_card(dataset_name=task.dataset_name)
         if task.plot:
@@ -236,7 +249,9 @@ def _main(task, training_args, model_args, rollout_func=None, inputs=None, argum
 
 def _save_logs_and_plot(trainer: SharpGRPOTrainer, task: TaskArguments) -> None:
     """After a stop: every step's logs (output_dir/trainer_state.json) and the curves so far."""
-    trainer.save_state()
+    from sharpgrpo.run.lifecycle import save_step_log
+
+    save_step_log(trainer)
     if trainer.is_world_process_zero() and task.plot and trainer.state.log_history:
         from sharpgrpo.diagnostics.curve_plots import plot_training_curves
 

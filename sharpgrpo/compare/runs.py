@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -224,7 +225,7 @@ class ChildProcesses:
         with self.lock:
             if self.stopping.is_set():
                 return None
-            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            process = subprocess.Popen(die_with_this_process(command), start_new_session=True, **kwargs)
             self.running.add(process)
             return process
 
@@ -254,6 +255,23 @@ class ChildProcesses:
                 _signal(process, signal.SIGKILL)
                 process.wait()
         return len(processes)
+
+
+# Run in the child before it becomes the command: ask Linux to send it SIGTERM when the comparison dies
+# (prctl PR_SET_PDEATHSIG = 1; kept across exec), and end if the comparison is already gone (the race before prctl).
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
+                    "os.getppid() == int(sys.argv[1]) or sys.exit(143); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def die_with_this_process(command: list[str]) -> list[str]:
+    """``command`` started so that it receives SIGTERM when this process ends, however it ends (a SIGKILL too): a
+    training run then saves a checkpoint and stops, instead of training on in its own session holding its folder's
+    lock. The children have their own session (Ctrl-C reaches only the comparison), so nothing else would reach them.
+    Linux only (elsewhere ``command`` as given). The death signal follows the thread that started the child: each
+    child is started by a worker thread that lives until the child has ended."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [command[0], "-c", _DIE_WITH_PARENT, str(os.getpid()), shutil.which(command[0]) or command[0], *command[1:]]
 
 
 def _signal(process: subprocess.Popen, signum: int) -> None:

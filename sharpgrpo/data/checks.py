@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +119,18 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_
         raise ConfigError(f"{field}={str(path)!r}: the file is empty (expected one JSON object per line).")
     if suffix == ".json":
         try:
-            json.loads(text)  # one JSON document (a list of rows or a mapping of columns)
-            return
+            document = json.loads(text)  # one JSON document (a list of rows or a mapping of columns)
         except json.JSONDecodeError:
             pass  # maybe JSON lines in a .json file: check line by line
+        else:
+            surrogate = _lone_surrogate(document)
+            if surrogate is None:
+                return
+            found = re.search(rf"\\u{ord(surrogate[1]):04x}", text, flags=re.IGNORECASE)
+            number = text[: found.start()].count("\n") + 1 if found else "?"
+            raise ConfigError(f"{field}={str(path)!r}: line {number}: {_SURROGATE.format(ord(surrogate[1]))}")
+    # Python's json accepts a lone surrogate escape (half of a UTF-16 pair, e.g. a string cut mid-emoji); Arrow, which
+    # datasets reads the file with, refuses the whole file naming no line: name it here.
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -136,10 +145,30 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_name", check_
                 f"{field}={str(path)!r}: line {number} is a JSON {type(row).__name__}, not an object (one row per "
                 "line)."
             )
+        if (surrogate := _lone_surrogate(row)) is not None:
+            raise ConfigError(f"{field}={str(path)!r}: line {number}: {surrogate[0]} holds "
+                              f"{_SURROGATE.format(ord(surrogate[1]))}")  # fmt: skip
         if check_prompts and "prompt" in row:
             problem = prompt_problem(row.get("prompt"))
             if problem is not None:
                 raise ConfigError(f"{field}={str(path)!r}: line {number}: prompt {problem}.")
+
+
+_SURROGATE = ("a lone surrogate escape (\\u{:04x}): half of a UTF-16 pair, as a string cut in the middle of an emoji "
+              "leaves it; it is not a character and the data cannot be read: fix or drop the line.")
+
+
+def _lone_surrogate(value: Any, where: str = "the row") -> tuple[str, str] | None:
+    """``(where, character)`` of the first lone surrogate in a parsed JSON value's strings (``field 'prompt'``,
+    ``field 'turns'[2]``), or None."""
+    if isinstance(value, str):
+        return next(((where, ch) for ch in value if "\ud800" <= ch <= "\udfff"), None)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _lone_surrogate(item, f"field {key!r}" if where == "the row" else f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def check_dataset_source(dataset_name: str, dataset_kwargs: Any) -> dict[str, Any]:

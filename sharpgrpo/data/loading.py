@@ -31,6 +31,7 @@ Examples::
 
 from __future__ import annotations
 
+import glob
 import re
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,8 @@ def load_dataset_source(
         builder = _FILE_BUILDERS.get("".join(path.suffixes[-1:]).lower())
         if builder is None:
             raise ValueError(f"Unsupported data file {path.name!r}; use .jsonl, .json or .parquet.")
-        dataset = datasets.load_dataset(builder, data_files=str(path), split=split)
+        # escaped: datasets reads data_files as a glob pattern, so `prompts[v2].jsonl` would load `promptsv.jsonl`
+        dataset = datasets.load_dataset(builder, data_files=glob.escape(str(path)), split=split)
     else:
         # A local folder or a hub id; offline, a hub id fails inside datasets with its own message.
         dataset = datasets.load_dataset(path_or_hub_id, subset, split=split)

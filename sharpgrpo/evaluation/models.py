@@ -6,13 +6,13 @@ resolved the same way) is loaded and the adapter applied on top; ``merge=True`` 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sharpgrpo.models.prepared import resolve_model_name
+from sharpgrpo.models.source import adapter_base_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,17 +28,6 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; choose auto or one of {', '.join(DTYPES)}.")
     return DTYPES[dtype]
-
-
-def adapter_base_model(path: str) -> str | None:
-    """The base model named by a LoRA adapter directory, or None if ``path`` is not an adapter directory."""
-    config_file = Path(path) / "adapter_config.json"
-    if not config_file.is_file():
-        return None
-    base = json.loads(config_file.read_text()).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{config_file} names no base_model_name_or_path; cannot load the adapter's base model.")
-    return resolve_model_name(base)
 
 
 def load_tokenizer(name_or_path: str):

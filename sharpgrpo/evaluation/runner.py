@@ -30,8 +30,12 @@ from typing import Any
 from sharpgrpo.evaluation.generation import DecodingSettings, TransformersGenerator, VLLMGenerator
 from sharpgrpo.evaluation.tasks import EVAL_TASKS, EvalTask, Problem
 from sharpgrpo.models.source import check_model_source
+from sharpgrpo.paths import write_text_atomically
+from sharpgrpo.run.output_dir import check_output_files, claim_output_files
 from sharpgrpo.run.run_record import RUN_RECORD, write_run_record
 from sharpgrpo.validation import ConfigError, between, integer, one_of, positive, validate_fields
+
+EVAL_COMMAND = "sharpgrpo eval"
 
 # Settings that change the results; a resumed evaluation must match them. (limit, batch size, backend, progress and
 # the output paths may change between runs.)
@@ -317,9 +321,7 @@ def build_generator(config: EvalConfig, workdir: Path, task: EvalTask | None = N
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomically(path, text)
 
 
 def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
@@ -348,6 +350,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
             print(f"max_new_tokens = {budget} ({source})", file=sys.stderr)
     config = task.prepare_config(config)
     paths = output_paths(config.output)
+    check_output_files(paths.values(), command=EVAL_COMMAND)  # a user's results/x.md is never replaced
     settings = {**result_settings(config), **task.option_settings()}
     problems = task.load_problems(config)
     if not problems:
@@ -360,6 +363,7 @@ def evaluate(config: EvalConfig | None = None, **kwargs) -> dict[str, Any]:
     todo.sort(key=lambda p: (p.sampled, -len(json.dumps(p.prompt))))
     started = time.time()
     backend = None
+    claim_output_files(paths.values(), command=EVAL_COMMAND)  # every input checked: these files are eval's
     if todo:
         paths["samples"].parent.mkdir(parents=True, exist_ok=True)
         if config.overwrite or not paths["samples"].exists() or paths["samples"].stat().st_size == 0:

@@ -125,7 +125,8 @@ def _read_records(path: Path) -> list[dict]:
     kind = {".json": "json", ".parquet": "parquet"}.get(path.suffix)
     if kind is None:
         raise ValueError(f"Unsupported data file {path} (use .jsonl, .json or .parquet).")
-    return list(datasets.load_dataset(kind, data_files=str(path), split="train"))
+    # escaped: datasets reads data_files as a glob pattern; this is the file itself
+    return list(datasets.load_dataset(kind, data_files=glob.escape(str(path)), split="train"))
 
 
 def _nested(row: dict, dotted: str) -> Any:

@@ -111,3 +111,19 @@ def record_base_model(model, name: str) -> None:
     saved or pushed adapter loads elsewhere. Does nothing for a model without adapters."""
     for config in (getattr(model, "peft_config", None) or {}).values():
         config.base_model_name_or_path = name
+
+
+def adapter_base_model(path: str) -> str | None:
+    """The base model named by a LoRA adapter directory (a prepared name resolved to its folder), or None if ``path``
+    is not an adapter directory."""
+    import json
+
+    from sharpgrpo.models.prepared import resolve_model_name
+
+    config_file = Path(path) / "adapter_config.json"
+    if not config_file.is_file():
+        return None
+    base = json.loads(config_file.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{config_file} names no base_model_name_or_path; cannot load the adapter's base model.")
+    return resolve_model_name(base)

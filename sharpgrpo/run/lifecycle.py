@@ -21,14 +21,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import struct
 import sys
 import threading
+import traceback
 import warnings
 import zipfile
 from pathlib import Path
@@ -36,6 +39,8 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+
+from sharpgrpo.paths import write_text_atomically
 
 COMPLETE_MARKER = "sharpgrpo_checkpoint_complete"  # written last into each checkpoint folder
 TRAINING_ARGS_JSON = "training_args.json"  # readable twin of transformers' pickled training_args.bin
@@ -107,6 +112,7 @@ def check_checkpoint(checkpoint: str | os.PathLike, allow_missing: bool = False)
     for file in sorted([*checkpoint.glob("*.pt"), *checkpoint.glob("*.pth"), *checkpoint.glob("*.bin")]):
         check_torch_file(file)
     missing = missing_pieces(checkpoint)
+    check_checksums(checkpoint)
     if missing:
         what = "; ".join(f"{name} ({why})" for name, why in missing)
         if not allow_missing:
@@ -130,8 +136,9 @@ _WEIGHTS = ("model.safetensors", "model-*.safetensors", "adapter_model.safetenso
             "adapter_model.bin", "global_step*", "pytorch_model_fsdp*")  # fmt: skip
 
 
-def checkpoint_listing(checkpoint: str | os.PathLike) -> dict[str, int] | None:
-    """The files (name -> size) the checkpoint's completion marker lists, or None (no marker, or an older one)."""
+def checkpoint_listing(checkpoint: str | os.PathLike, with_checksums: bool = False) -> dict | None:
+    """The files (name -> size) the checkpoint's completion marker lists, or None (no marker, or an older one);
+    ``with_checksums``: name -> ``(size, sha256 or None)`` (markers written before checksums have none)."""
     try:
         lines = (Path(checkpoint) / COMPLETE_MARKER).read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -139,9 +146,33 @@ def checkpoint_listing(checkpoint: str | os.PathLike) -> dict[str, int] | None:
     listed = {}
     for line in lines:
         parts = line.split("\t")
-        if len(parts) == 3 and parts[0] == "file" and parts[2].isdigit():
-            listed[parts[1]] = int(parts[2])
+        if len(parts) in (3, 4) and parts[0] == "file" and parts[2].isdigit():
+            digest = parts[3].removeprefix("sha256:") if len(parts) == 4 else None
+            listed[parts[1]] = (int(parts[2]), digest) if with_checksums else int(parts[2])
     return listed or None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def check_checksums(checkpoint: str | os.PathLike) -> None:
+    """Raise :class:`CheckpointError` naming the first file whose content is not what was saved: its sha256 against
+    the one the completion marker recorded when the checkpoint was written (a change in place that keeps the size and
+    the header, e.g. NaN bytes in the weights or a damaged block of ``optimizer.pt``; ``torch.load`` does not check
+    its archive's CRCs). Checkpoints written before checksums are not checked."""
+    checkpoint = Path(checkpoint)
+    for name, (size, saved) in sorted((checkpoint_listing(checkpoint, with_checksums=True) or {}).items()):
+        path = checkpoint / name
+        if saved is None or not path.is_file() or path.stat().st_size != size:
+            continue  # missing or resized files are missing_pieces' to name
+        now = file_sha256(path)
+        if now != saved:
+            raise CheckpointError(
+                f"{path} changed since it was saved: its content checksum (sha256 {now[:16]}...) is not the one "
+                f"recorded at save ({saved[:16]}...), so the file is damaged; resume from another checkpoint."
+            )
 
 
 def missing_pieces(checkpoint: str | os.PathLike) -> list[tuple[str, str]]:
@@ -278,7 +309,8 @@ _ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_att
 
 def check_resume_compatible(checkpoint: str | None, args, model_config: dict) -> None:
     """Before the model loads: refuse a checkpoint saved for another architecture (its ``config.json`` against the
-    model's, ``model_config``), and warn when it was trained with other strategies (its ``training_args.json``)."""
+    model's, ``model_config``), and warn when it was trained with other settings (its ``training_args.json``,
+    :func:`warn_changed_settings`)."""
     if checkpoint is None:
         return
     saved_config = Path(checkpoint) / "config.json"
@@ -293,14 +325,44 @@ def check_resume_compatible(checkpoint: str | None, args, model_config: dict) ->
                 )
     saved_args = Path(checkpoint) / TRAINING_ARGS_JSON
     if saved_args.is_file():
-        before = json.loads(saved_args.read_text(encoding="utf-8")).get("strategies")
-        if before is not None and list(before) != list(args.strategies):
-            warnings.warn(
-                f"resume_from_checkpoint={checkpoint!r} was trained with strategies {list(before)}; this run uses "
-                f"{list(args.strategies)}: the resumed run changes strategy at step "
-                f"{check_trainer_state(Path(checkpoint) / 'trainer_state.json')['global_step']}.",
-                stacklevel=2,
-            )
+        warn_changed_settings(checkpoint, json.loads(saved_args.read_text(encoding="utf-8")), args)
+
+
+# Fields that say where and how a run is recorded, not what it computes: a resumed run may change them freely.
+_RECORDING_FIELDS = {"output_dir", "resume_from_checkpoint", "max_steps", "num_train_epochs", "run_name", "project",
+                     "report_to", "disable_tqdm", "local_rank", "debug", "hub_token", "push_to_hub",
+                     "num_completions_to_print", "skip_memory_metrics", "telemetry_steps", "token_telemetry",
+                     "dump_token_scores", "thr_debug_dump", "generation_capture", "ddp_timeout", "vllm_server_timeout",
+                     "dataloader_num_workers", "dataloader_persistent_workers", "dataloader_pin_memory",
+                     "dataloader_prefetch_factor", "per_device_eval_batch_size", "num_generations_eval",
+                     "load_best_model_at_end", "metric_for_best_model", "greater_is_better", "batch_eval_metrics",
+                     "prediction_loss_only", "do_train", "do_eval", "do_predict"}  # fmt: skip
+_RECORDING_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_", "eval_", "include_", "torch_empty_cache")
+# What a changed field makes differ, said beside it (the others change the training computation itself).
+_CHANGE_EFFECTS = {"seed": "the prompt order and every sampled completion", "data_seed": "the prompt order",
+                   "shuffle_dataset": "the prompt order"}  # fmt: skip
+
+
+def warn_changed_settings(checkpoint: str, saved: dict, args) -> None:
+    """Warn once, naming each field, when the run resuming ``checkpoint`` differs from the run that saved it
+    (``saved``: its ``training_args.json``) in a setting that makes the continued run differ from the uninterrupted
+    one: the seed or data order (a resume without the original ``--seed`` trains on other prompts), the strategies,
+    the learning rate, the batch shape, ... Fields that only say where and how the run is recorded are not compared."""
+    now = _json_safe(args.to_dict() if hasattr(args, "to_dict") else dict(vars(args)))
+    now = json.loads(json.dumps(now, default=str))  # the same encoding as the saved file
+    changed = [
+        f"{key} {saved[key]!r} -> {now[key]!r}" + (f" ({_CHANGE_EFFECTS[key]})" if key in _CHANGE_EFFECTS else "")
+        for key in sorted(set(saved) & set(now))
+        if saved[key] != now[key] and key not in _RECORDING_FIELDS and not key.startswith(_RECORDING_PREFIXES)
+    ]
+    if changed:
+        step = check_trainer_state(Path(checkpoint) / "trainer_state.json")["global_step"]
+        warnings.warn(
+            f"resume_from_checkpoint={checkpoint!r} (step {step}) was saved by a run with other settings: "
+            f"{'; '.join(changed)}. The continued run differs from the uninterrupted one from step {step} on; give "
+            "the saved values to continue the same run.",
+            stacklevel=3,
+        )
 
 
 def generation_period(args) -> int:
@@ -338,12 +400,12 @@ def write_complete_marker(trainer, checkpoint: str) -> None:
     if trainer.is_world_process_zero():
         write_training_args(trainer.args, checkpoint)
         marker = os.path.join(checkpoint, COMPLETE_MARKER)
-        listing = "".join(f"file\t{p.name}\t{p.stat().st_size}\n" for p in sorted(Path(checkpoint).iterdir())
-                          if p.is_file() and p.name != COMPLETE_MARKER)  # fmt: skip
-        with open(marker, "w", encoding="utf-8") as handle:
-            handle.write(f"step {trainer.state.global_step}\n{listing}")
-            handle.flush()
-            os.fsync(handle.fileno())
+        files = sorted(p for p in Path(checkpoint).rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+        listing = "".join(
+            f"file\t{p.relative_to(checkpoint).as_posix()}\t{p.stat().st_size}\tsha256:{file_sha256(p)}\n"
+            for p in files
+        )
+        write_text_atomically(marker, f"step {trainer.state.global_step}\n{listing}")
 
 
 class LifecycleCallback(TrainerCallback):
@@ -469,13 +531,16 @@ def settle_collectives_at_exit() -> None:
 _SETTLE_REGISTERED = False
 
 
-def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False) -> str:
+def save_last_good_state(trainer, weights_checked: bool = False, all_processes_here: bool = False,
+                         save_failed: bool = False) -> str:
     """Save the weights, optimizer, scheduler and random states of the last finished step as a complete
     ``checkpoint-<step>`` (unless one exists), and return one sentence saying where the last good state is.
 
     Weights that are no longer finite are not saved. ``all_processes_here``: every process calls this together (a
     stop all processes decide on); otherwise, with several processes, saving would wait for the others forever, so
-    only the newest earlier checkpoint is named."""
+    only the newest earlier checkpoint is named. A ``checkpoint-<step>`` without its completion marker (a save that
+    failed, e.g. on a full disk) is removed, never left looking like a checkpoint; ``save_failed``: the error was that
+    save itself, which is not tried again."""
     output_dir = trainer.args.output_dir
     step = trainer.state.global_step
 
@@ -485,21 +550,63 @@ def save_last_good_state(trainer, weights_checked: bool = False, all_processes_h
 
     if trainer.accelerator.num_processes > 1 and not all_processes_here:
         return earlier(f"No checkpoint was saved ({trainer.accelerator.num_processes} processes save together)")
+    saved = os.path.join(output_dir, f"checkpoint-{step}")
+    removed = remove_incomplete_checkpoint(trainer, saved)
+    if save_failed:
+        return earlier(f"The half-written {saved} was removed" if removed else f"{saved} was not saved")
     if not weights_checked and not all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters()):
         return earlier("The weights are no longer finite, so they were not saved")
     if step == 0:
         return "No step had finished, so there was nothing to save."
-    saved = os.path.join(output_dir, f"checkpoint-{step}")
     if not (Path(saved) / COMPLETE_MARKER).exists():
         try:
             trainer._save_checkpoint(trainer.model, trial=None)
             write_complete_marker(trainer, saved)
         except Exception as error:  # noqa: BLE001 - e.g. a full disk: say so, keep the original error
-            return earlier(f"Saving checkpoint-{step} failed ({type(error).__name__}: {error})")
+            cause = write_failure(error, saved)  # before the half-written folder frees its space
+            remove_incomplete_checkpoint(trainer, saved)
+            return earlier(f"Saving {saved} failed ({cause}; the half-written folder was removed)")
     return (
         f"The last good state (weights and optimizer after step {step}) is saved in {saved}; once the cause is "
         "fixed, continue with --resume_from_checkpoint true."
     )
+
+
+def remove_incomplete_checkpoint(trainer, folder: str) -> bool:
+    """Remove ``folder``, a checkpoint of this run's current step that has no completion marker (its save failed
+    part-way), on the main process; return whether one was removed."""
+    if not trainer.is_world_process_zero() or not os.path.isdir(folder) or (Path(folder) / COMPLETE_MARKER).exists():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def write_failure(error: BaseException, folder: str | os.PathLike) -> str:
+    """The cause of a failed write into ``folder`` in words. torch's zip writer says only ``[enforce fail at
+    inline_container.cc] unexpected pos ...`` and safetensors ``(os error 28)``: a full disk and the file-size limit
+    (``ulimit -f``, EFBIG) are read from the errno when there is one, else from the disk and the limit themselves."""
+    import errno
+    import resource
+
+    code = getattr(error, "errno", None)
+    if code is None and (found := re.search(r"os error (\d+)", str(error))):
+        code = int(found.group(1))
+    place = Path(folder)
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    free = shutil.disk_usage(place).free
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code is None and free < 1 << 20):
+        return f"no space left on the disk holding {folder} ({free} bytes free)"
+    if code == errno.EFBIG or (code is None and limit != resource.RLIM_INFINITY):
+        return f"a file in {folder} reached the file size limit (ulimit -f: {limit} bytes)"
+    if code is not None:
+        return f"{os.strerror(code)} writing into {folder}"
+    return f"{type(error).__name__} writing into {folder}: {' '.join(str(error).split())}"
+
+
+def _raised_in(error: BaseException, function: str) -> bool:
+    return any(frame.name == function for frame in traceback.extract_tb(error.__traceback__))
 
 
 class TrainingStopped(RuntimeError):
@@ -511,18 +618,70 @@ class TrainingStopped(RuntimeError):
 
 
 def stop_after_error(trainer, error: BaseException) -> TrainingStopped:
-    """The error that ends a run which raised ``error`` during ``train()``, after saving its last good state."""
+    """The error that ends a run which raised ``error`` during ``train()``, after saving its last good state.
+
+    A checkpoint save that failed (a full disk) is named by its folder and cause; ``SystemExit`` or
+    ``KeyboardInterrupt`` raised by user code (a reward function calling ``sys.exit``) by where it was raised."""
     callback = lifecycle_callback(trainer)
     if callback is not None:
         callback.restore_signal_handlers()
     everywhere = bool(getattr(error, "everywhere", False))  # all processes raised it together: they save together
-    where = save_last_good_state(trainer, all_processes_here=everywhere)
-    message = " ".join(str(error).split()).rstrip(".") or repr(error)
-    stopped = TrainingStopped(
-        f"training stopped at step {trainer.state.global_step + 1} by {type(error).__name__}: {message}. {where}"
-    )
+    step = trainer.state.global_step
+    folder = os.path.join(trainer.args.output_dir, f"checkpoint-{step}")
+    save_failed = _raised_in(error, "_save_checkpoint") and not (Path(folder) / COMPLETE_MARKER).exists()
+    cause = write_failure(error, folder) if save_failed else ""  # before the half-written folder frees its space
+    where = save_last_good_state(trainer, all_processes_here=everywhere, save_failed=save_failed)
+    if save_failed:
+        what = f"training stopped after step {step}: saving checkpoint-{step} failed: {cause}"
+    elif isinstance(error, (SystemExit, KeyboardInterrupt)):
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        code = f"({error.code!r})" if isinstance(error, SystemExit) else ""
+        what = (f"training stopped at step {step + 1} by {type(error).__name__}{code} raised in {frame.filename}:"
+                f"{frame.lineno} ({frame.name}), not by sharpgrpo")  # fmt: skip
+    else:
+        message = " ".join(str(error).split()).rstrip(".") or repr(error)
+        what = f"training stopped at step {step + 1} by {type(error).__name__}: {message}"
+    stopped = TrainingStopped(f"{what}. {where}")
     stopped.everywhere = everywhere
     return stopped
+
+
+def save_step_log(trainer) -> None:
+    """``output_dir/trainer_state.json`` (every logged step), written atomically: a full disk leaves the earlier file
+    or none, never a truncated one (transformers' ``save_state`` writes in place)."""
+    if trainer.is_world_process_zero():
+        import dataclasses
+
+        text = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+        write_text_atomically(os.path.join(trainer.args.output_dir, "trainer_state.json"), text)
+
+
+def final_save_failed(trainer, error: BaseException, started: float) -> TrainingStopped:
+    """The error that ends a run whose final save into ``output_dir`` failed (``started``: when it began): the weight
+    files it cut short are removed, the step log is kept when it can be written, and the line names the folder,
+    the cause and the last complete checkpoint."""
+    output_dir = trainer.args.output_dir
+    cause = write_failure(error, output_dir)
+    removed = []
+    for path in sorted(Path(output_dir).glob("*.safetensors")) if trainer.is_world_process_zero() else []:
+        if path.stat().st_mtime >= started:
+            try:
+                check_safetensors(path)
+            except CheckpointError:  # cut short by the failed write: not left looking like a final model
+                path.unlink()
+                removed.append(path.name)
+    try:
+        save_step_log(trainer)
+        log = f"the step log is in {os.path.join(output_dir, 'trainer_state.json')}"
+    except OSError as log_error:
+        log = f"writing the step log failed too ({write_failure(log_error, output_dir)})"
+    latest, _ = latest_complete_checkpoint(output_dir)
+    state = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was saved (save_strategy)"
+    gone = f"; the half-written {', '.join(removed)} removed" if removed else ""
+    return TrainingStopped(
+        f"training finished {trainer.state.global_step} steps but saving the final model into {output_dir} failed: "
+        f"{cause}{gone}; {log}; {state}."
+    )
 
 
 def lifecycle_callback(trainer) -> LifecycleCallback | None:

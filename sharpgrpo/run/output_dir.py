@@ -6,8 +6,9 @@ a marker, :data:`OUTPUT_MARKER` (``.sharpgrpo-output.json``: which command wrote
 and settings). A folder that holds anything without the marker, or the marker of another command (or, for a command
 that passes ``settings``, other settings), is refused naming what is there; nothing is removed or replaced that the
 project did not write, and nothing is touched before every input is checked. The commands' reports (``sharpgrpo
-compare``, ``plot``, ``tokens``) and training runs follow it; ``sharpgrpo eval`` writes files and refuses samples
-written with other settings (``--overwrite`` to start over).
+compare``, ``plot``, ``tokens``) and training runs follow it. ``sharpgrpo eval`` writes named files into a folder
+that may hold others (:func:`check_output_files`): it replaces only files the marker lists as its own, and refuses
+samples written with other settings (``--overwrite`` to start over).
 
 **A training run's output_dir.** Before anything loads, :func:`guard_output_dir` (``sharpgrpo train`` holds it for the
 whole run):
@@ -165,6 +166,49 @@ def claim_output_target(value: str | os.PathLike, *, command: str, settings: Map
     return path
 
 
+def _files_written_by(folder: Path) -> dict[str, str]:
+    """``{file name: command}`` of the files a command wrote by name into ``folder`` (:func:`claim_output_files`)."""
+    try:
+        marker = json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = marker.get("files") if isinstance(marker, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def check_output_files(paths: Iterable[str | os.PathLike], *, command: str, label: str = "--output") -> None:
+    """The rule for a command that writes named files into a folder that may hold other things (``sharpgrpo eval``:
+    ``x.json``, ``x.md``, ``x.samples.jsonl`` beside a user's files): each may be written when it does not exist or
+    the folder's marker records it as written by ``command``; a file of the same name that the command did not write
+    is refused naming it. Checked before any work; nothing is created or changed here."""
+    for path in map(Path, paths):
+        _check_location(label, path.parent)
+        if (path.exists() or path.is_symlink()) and _files_written_by(path.parent).get(path.name) != command:
+            raise ConfigError(
+                f"{label}: {path} exists and {command} did not write it (it is not listed in "
+                f"{path.parent / OUTPUT_MARKER}); {command} never replaces a file it did not write: choose another "
+                f"{label}, or move that file."
+            )
+
+
+def claim_output_files(paths: Iterable[str | os.PathLike], *, command: str) -> None:
+    """When ``command`` starts writing the files of :func:`check_output_files`: create their folder and record them
+    in its marker as ``command``'s (a new or empty folder becomes ``command``'s; another command's marker keeps its
+    owner, a folder of other files gets a marker that lists only these files)."""
+    paths = [Path(p) for p in paths]
+    folder = paths[0].parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if read_output_marker(folder) is None and not folder_entries(folder):
+        write_output_marker(folder, command)
+    try:
+        marker = json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        marker = {}
+    marker = marker if isinstance(marker, dict) else {}
+    marker["files"] = {**_files_written_by(folder), **{path.name: command for path in paths}}
+    (folder / OUTPUT_MARKER).write_text(json.dumps(marker, indent=2, default=str) + "\n", encoding="utf-8")
+
+
 def _inputs_inside(path: Path, inputs: Mapping[str, Any]) -> list[str]:
     """``label='value'`` of each input that is ``path`` or lies inside it."""
     inside = []
@@ -275,12 +319,30 @@ def guard_output_dir(
                 (path / OUTPUT_MARKER).unlink(missing_ok=True)
 
 
-def _acquire_lock(path: Path, field: str):
+def hold_output_folder(path: str | os.PathLike, field: str, holder: str):
+    """Create ``path`` and hold its lock for the rest of this process (``sharpgrpo compare``: one owner per output
+    folder, as a training run holds its output_dir); a folder another live process holds is refused naming it."""
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return _acquire_lock(path, field, holder)
+
+
+def refuse_if_held(path: str | os.PathLike, field: str, holder: str) -> None:
+    """Refuse at once a folder whose lock a live process holds, creating nothing (its lock is only tried)."""
+    lock = Path(path).expanduser() / LOCK_NAME
+    if lock.is_file():
+        handle = _acquire_lock(lock.parent, field, holder, create=False)
+        if handle is not None:
+            handle.close()  # closing the only descriptor releases the lock; the file is left as it was
+
+
+def _acquire_lock(path: Path, field: str, holder: str = "training run", create: bool = True):
     try:
         import fcntl
     except ImportError:  # no fcntl (Windows): the non-empty check still applies
         return None
-    handle = open(path / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 (held until _release_lock)
+    # held until _release_lock, or the process's end
+    handle = open(path / LOCK_NAME, "a+" if create else "r+", encoding="utf-8")  # noqa: SIM115
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -288,9 +350,11 @@ def _acquire_lock(path: Path, field: str):
         owner = handle.read().strip() or "unknown"
         handle.close()
         raise ConfigError(
-            f"{field}={str(path)!r} is in use by another running training run (process {owner}); wait for it to "
-            "end or choose another output_dir."
+            f"{field}={str(path)!r} is in use by another running {holder} (process {owner}); wait for it to "
+            f"end or choose another {field.lstrip('-')}."
         ) from None
+    if not create:
+        return handle
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))

@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import LossContext, LossTerms, StrategyPaper, TokenLossStrategy, register_strategy
+from sharpgrpo.strategies.base import (
+    LossContext,
+    LossTerms,
+    StrategyPaper,
+    TokenLossStrategy,
+    on_policy,
+    register_strategy,
+)
 from sharpgrpo.validation import ConfigError
 
 
@@ -109,6 +116,8 @@ class ArcherStrategy(TokenLossStrategy):
                 "KL coefficient, the released kl_loss_coef); set beta > 0 or archer_high_entropy_kl_scale: 0."
             )
         if args.beta == 0.0:
+            if on_policy(args):  # inert: refused by `inert`
+                return
             warnings.warn(
                 "archer with beta=0: no KL term, so only the clip ranges differ by entropy; the released recipe "
                 "(ArcherCodeR run_archer_qwen2.5_1.5b_code.sh) uses a KL loss with beta=0.001 on low-entropy tokens.",
@@ -128,10 +137,14 @@ class ArcherStrategy(TokenLossStrategy):
     @classmethod
     def inert(cls, args: Any) -> str | None:
         """Why archer would train exactly as plain GRPO with these settings (None when it does not): both entropy
-        sets get the same clip range and the same KL weight."""
+        sets get the same clip range and the same KL weight, or on-policy (no clip acts) without KL."""
         same_clip = (args.archer_low_entropy_clip_low == args.archer_high_entropy_clip_low
                      and args.archer_low_entropy_clip_high == args.archer_high_entropy_clip_high)  # fmt: skip
         if not same_clip:
+            if args.beta == 0.0 and on_policy(args):
+                return ("on-policy (num_iterations=1, steps_per_generation <= gradient_accumulation_steps) every "
+                        "ratio is 1, so no clip range ever acts, and beta=0 has no KL: it trains as plain GRPO; set "
+                        "beta > 0 or num_iterations > 1")  # fmt: skip
             return None
         if args.beta == 0.0:
             return ("the low- and high-entropy tokens get the same clip range and beta=0 (no KL), so nothing depends "

@@ -109,11 +109,17 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
+def on_policy(args: Any) -> bool:
+    """Whether every update is on-policy (p_old = p, every ratio 1): ``num_iterations`` 1 and a generation batch no
+    longer than one optimizer step (``steps_per_generation <= gradient_accumulation_steps``)."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    return args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0
+
+
 def warn_on_policy(name: str, what: str, args: Any) -> None:
     """Warn when training is on-policy (p_old = p in every update), where ``what`` (a loss strategy's term that reads
     the ratio p / p_old) does nothing."""
-    generate_every = args.steps_per_generation * args.num_iterations
-    if args.num_iterations == 1 and args.gradient_accumulation_steps % generate_every == 0:
+    if on_policy(args):
         warnings.warn(
             f"strategies: {name} with num_iterations=1 and steps_per_generation <= gradient_accumulation_steps "
             f"(on-policy: p_old = p in every update): {what}. Set num_iterations > 1 or steps_per_generation > "

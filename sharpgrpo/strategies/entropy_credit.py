@@ -189,6 +189,13 @@ class GTPOStrategy(AdvantageStrategy):
                 stacklevel=2,
             )
 
+    @classmethod
+    def inert(cls, args: Any) -> str | None:
+        if args.gtpo_alpha1 == 0 and args.gtpo_alpha2 == 0:
+            return ("gtpo_alpha1 = gtpo_alpha2 = 0: every shaped reward is 0, so every advantage, the loss and its "
+                    "gradient are 0 at every step")  # fmt: skip
+        return None
+
     def token_advantages(self, batch: GenerationBatch) -> tuple[torch.Tensor, dict[str, float]]:
         args: Any = self.args
         out = torch.zeros_like(batch.advantages)

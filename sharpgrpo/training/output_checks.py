@@ -14,6 +14,7 @@ from numbers import Real
 from typing import Any
 
 from sharpgrpo.training.generation.dense_rewards import DenseRewardCollector, dense_rewards_read
+from sharpgrpo.training.inert_fields import warn_fields_that_do_nothing
 from sharpgrpo.validation import REWARD_LIMIT
 
 # --------------------------------------------------------------------------------------------------------------
@@ -221,6 +222,8 @@ def checked_reward_functions(reward_funcs: Any, args: Any = None) -> Any:
         reward_funcs = configured_rewards(reward_funcs, args)
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if args is not None:  # a field of a reward function not among these (overlong_* without overlong_penalty)
+        warn_fields_that_do_nothing(args, (), [get_callable_name(f) for f in funcs if callable(f)])
     several = len(funcs) > 1
     dense_allowed = args is not None and dense_rewards_read(args)
     weights = list(getattr(args, "reward_weights", None) or [1.0] * len(funcs))

@@ -8,18 +8,17 @@ hooks, the telemetry and the model card ask one object instead of re-deriving it
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from sharpgrpo.strategies import STRATEGIES, AdvantageStrategy, LossContext, LossTerms, TokenWeightStrategy
 from sharpgrpo.strategies.loss_types import RATIO_PLACEMENT_LOSS_TYPES
-from sharpgrpo.strategy_params import StrategyParams
 from sharpgrpo.training.generation.entropy_inputs import strategy_loss_weights
 from sharpgrpo.training.generation.inputs import GENERATION_INPUTS
+from sharpgrpo.training.inert_fields import warn_fields_that_do_nothing
 from sharpgrpo.training.loss.terms import collect_loss_terms
 from sharpgrpo.training.output_checks import StrategyOutputChecker
 from sharpgrpo.validation import ConfigError
@@ -178,7 +177,7 @@ class StrategySet:
         for cls in classes:
             cls.check_config(args)
         check_strategies_act(args.strategies, classes, args)
-        warn_unread_strategy_params(args, classes)
+        warn_fields_that_do_nothing(args, classes)
         check_telemetry_request(args)
 
 
@@ -218,26 +217,6 @@ def check_telemetry_request(args: Any) -> None:
             f"token_telemetry=true with {field} and max_steps={args.max_steps}: no step is a telemetry step, so no "
             "telemetry file would be written; set telemetry_steps <= max_steps (or logging_first_step: true for "
             "step 1)."
-        )
-
-
-def warn_unread_strategy_params(args: Any, classes: Sequence[type]) -> None:
-    """A strategy parameter set away from its default that none of the selected strategies reads (``params``)
-    warns, naming the strategies it belongs to: ``thr_p: 0.1`` with ``strategies: grpo_sg`` does nothing."""
-    read = {name for cls in classes for name in getattr(cls, "params", ())}
-    owners: dict[str, list[str]] = {}
-    for name in STRATEGIES.names():
-        for parameter in getattr(STRATEGIES.get(name), "params", ()):
-            owners.setdefault(parameter, []).append(name)
-    for f in fields(StrategyParams):
-        value = getattr(args, f.name)
-        if f.name in read or f.name not in owners or value == f.default:
-            continue
-        warnings.warn(
-            f"{f.name}={value!r} is not read by strategies={args.strategies}: it is a parameter of "
-            f"{', '.join(owners[f.name])}; it has no effect in this run.",
-            UserWarning,
-            stacklevel=3,
         )
 
 

@@ -238,3 +238,54 @@ def test_config_by_shipped_name_as_train_takes_it(tmp_path):
         main(["--config", "no_such_config", *common])
     (line,) = str(refused.value).splitlines()
     assert "--config='no_such_config': no such file, and no shipped config of that name" in line and "demo" in line
+
+
+@pytest.mark.slow
+def test_one_owner_per_output_and_the_runs_die_with_the_comparison(tmp_path, tiny_model_path):
+    """A second `sharpgrpo compare` on a live --output is refused at once naming the first (the live run's log is
+    not truncated); a comparison killed with SIGKILL takes its training run with it (SIGTERM through the death signal:
+    the run stops, nothing keeps training in its own session holding its folder's lock)."""
+    output = tmp_path / "report"
+    argv = ["compare", "--config", "configs/demo.yaml", "--output", str(output), "--seeds", "0", "--strategies",
+            "equal", "--set", f"model_name_or_path={tiny_model_path}", "max_steps=500", "per_device_train_batch_size=8",
+            "num_generations=4", "dataset_kwargs={\"num_prompts\": 16}"]  # fmt: skip
+    first = subprocess.Popen([sys.executable, "-m", "sharpgrpo", *argv], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    run_dir = output / "runs" / "equal" / "seed0"
+    try:
+        _wait_for(run_dir / ".sharpgrpo.lock", first, 180)  # the training run holds its folder: it is running
+        deadline = time.monotonic() + 60
+        while not (run_dir / ".sharpgrpo.lock").read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        child = int((run_dir / ".sharpgrpo.lock").read_text())
+        log_size = (run_dir / "train.log").stat().st_size
+        second = subprocess.run([sys.executable, "-m", "sharpgrpo", *argv], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        assert second.returncode == 1
+        assert second.stderr.strip().splitlines()[-1].startswith(
+            f"error: --output={str(output)!r} is in use by another running sharpgrpo compare (process {first.pid})"
+        ), second.stderr[-2000:]
+        assert (run_dir / "train.log").stat().st_size >= log_size
+
+        first.kill()  # SIGKILL: no handler runs in the comparison
+        first.wait()
+        deadline = time.monotonic() + 90
+        while _alive(child):
+            assert time.monotonic() < deadline, f"training process {child} outlived the comparison"
+            time.sleep(0.2)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    log = (run_dir / "train.log").read_bytes()
+    assert b"\0" not in log and b"SIGTERM received" in log, log[-2000:]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped by its new parent, counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"

@@ -76,3 +76,14 @@ def test_find_trainer_state_prefers_the_latest_checkpoint(tmp_path):
     assert load_log_history(tmp_path / "checkpoint-2") == [{"step": 2, "grad_norm": 1.0}]
     with pytest.raises(FileNotFoundError):
         find_trainer_state(tmp_path / "checkpoint-10" / "missing")
+
+
+def test_a_refused_plot_creates_nothing(tmp_path):
+    """Every run is read before --output is claimed: a run without a trainer state (the second one here) is refused
+    and no output folder (not even one holding only the marker) is left behind."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 1, "loss": 0.5}]}))
+    (tmp_path / "empty_run").mkdir()
+    with pytest.raises(FileNotFoundError, match="No trainer_state.json in"):
+        plot_main([str(tmp_path / "run"), str(tmp_path / "empty_run"), "--output", str(tmp_path / "plots")])
+    assert not (tmp_path / "plots").exists()

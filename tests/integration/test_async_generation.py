@@ -86,8 +86,12 @@ def test_a_dead_rollout_process_stops_training_in_one_line(tiny_model_path, tmp_
     assert 2 <= trainer.state.global_step < 5
 
 
+def test_max_staleness_without_async_generation_is_said_once(tmp_path):
+    with pytest.warns(UserWarning, match=r"max_staleness=2 acts only with async_generation: true, which is off"):
+        tiny_config(tmp_path, max_staleness=2)
+
+
 @pytest.mark.parametrize("overrides, named", [
-    (dict(max_staleness=2), "max_staleness=2 has no effect without async_generation"),
     (dict(async_generation=True, max_staleness=-1), "max_staleness"),
     (dict(async_generation=True, dynamic_sampling=True), "dynamic_sampling"),
     (dict(async_generation=True, use_vllm=True), "use_vllm"),

@@ -23,11 +23,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 FAULTY = '''
 import os
+import sys
 def fails_at_step_2(prompts, completions, allowed, trainer_state=None, **kwargs):
     if os.environ.get("FAULT") == "constant":
         return [1.0] * len(completions)
     if trainer_state.global_step >= 1 and os.environ.get("FAULT") == "raise":
         raise RuntimeError("retrieval server at 127.0.0.1:8000 refused the connection")
+    if trainer_state.global_step >= 1 and os.environ.get("FAULT") == "exit":
+        sys.exit("reward server gone")
+    if trainer_state.global_step >= 1 and os.environ.get("FAULT") == "interrupt":
+        raise KeyboardInterrupt
     if trainer_state.global_step >= 1 and os.environ.get("FAULT") == "nan":
         return [0.5] * (len(completions) - 1) + [float("nan")]
     return [float(len(c) % 2) for c in completions]
@@ -110,3 +115,21 @@ def test_a_reward_constant_for_the_whole_run_is_said_in_the_summary(tmp_path):
     assert summary.startswith("[sharpgrpo] done at step 2") and (
         "WARNING: the reward was the same 1 for every completion of every group at all 2 logged steps" in summary
     ), summary
+
+
+@pytest.mark.parametrize("fault", ["exit", "interrupt"])
+def test_user_code_ending_the_process_keeps_the_step_log_and_the_last_state(tmp_path, fault):
+    """A reward that calls sys.exit(...) or raises KeyboardInterrupt at step 2 (no signal was sent): the run keeps
+    checkpoint-1 and the step log like any other error, and its one line names where it was raised."""
+    output_dir = tmp_path / "run"
+    stopped = run(output_dir, tmp_path, fault)
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    raised = "SystemExit('reward server gone')" if fault == "exit" else "KeyboardInterrupt"
+    assert last_line(stopped.stderr).startswith(
+        f"error: training stopped at step 2 by {raised} raised in {tmp_path / 'faulty_rewards.py'}:"
+    ), stopped.stderr[-2000:]
+    assert "not by sharpgrpo. The last good state (weights and optimizer after step 1) is saved in " in last_line(
+        stopped.stderr)
+    assert (output_dir / "checkpoint-1" / COMPLETE_MARKER).is_file()
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "loss" in entry] == [1]

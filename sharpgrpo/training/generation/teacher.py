@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from functools import partial
 from typing import Any
 
@@ -212,14 +213,22 @@ def prepared_like_reference(model, trainer):
     return prepared
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def load_named_teacher(name: str, policy, policy_tokenizer, shards: int = 1):
-    """A teacher model from a path or Hub name, frozen, on the policy's device and dtype; its tokenizer checked, and
+    """A teacher model from a path or Hub name (a LoRA adapter folder: merged into the base it names, a prepared name
+    included), frozen, on the policy's device and dtype; its tokenizer checked, and
     its size against the free memory (:func:`check_teacher_fits`; ``shards``: processes ZeRO-3 partitions it over)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from sharpgrpo.models.source import adapter_base_model
+
     tokenizer = getattr(policy_tokenizer, "tokenizer", policy_tokenizer)  # a processor's tokenizer
+    base = adapter_base_model(name) if os.path.isdir(name) else None  # a LoRA adapter: loaded through its base
+    own_tokenizer = base is None or any(os.path.isfile(os.path.join(name, f)) for f in TOKENIZER_FILES)
     try:
-        teacher_tokenizer = AutoTokenizer.from_pretrained(name)
+        teacher_tokenizer = AutoTokenizer.from_pretrained(name if own_tokenizer else base)
     except (OSError, ValueError) as error:
         reason = _first_line(error)
         raise ValueError(f"teacher_model={name!r}: no model or tokenizer loads from there ({reason}).") from None
@@ -231,9 +240,13 @@ def load_named_teacher(name: str, policy, policy_tokenizer, shards: int = 1):
             "the policy's tokenizer."
         )
     first_parameter = next(policy.parameters())
-    check_teacher_fits(name, first_parameter.dtype, first_parameter.device, shards)
+    check_teacher_fits(base or name, first_parameter.dtype, first_parameter.device, shards)
     try:
-        teacher = AutoModelForCausalLM.from_pretrained(name, dtype=first_parameter.dtype)
+        teacher = AutoModelForCausalLM.from_pretrained(base or name, dtype=first_parameter.dtype)
+        if base is not None:  # the adapter merged into its base: one frozen model, as a full teacher is
+            from peft import PeftModel
+
+            teacher = PeftModel.from_pretrained(teacher, name).merge_and_unload()
         teacher.to(first_parameter.device)
     except (OSError, ValueError) as error:
         raise ValueError(f"teacher_model={name!r}: the model does not load ({_first_line(error)}).") from None

@@ -7,13 +7,11 @@ from typing import Any
 
 
 def check_async_config(args: Any) -> None:
-    """Raise ``ConfigError`` naming the setting when ``async_generation`` is on with one it cannot serve yet, or when
-    ``max_staleness`` is set while it is off (a field of a feature that is off)."""
+    """Raise ``ConfigError`` naming the setting when ``async_generation`` is on with one it cannot serve yet
+    (``max_staleness`` set while it is off is said once, as every field of a feature that is off: its ``acts_when``)."""
     from sharpgrpo.validation import ConfigError
 
     if not args.async_generation:
-        if args.max_staleness != 1:
-            raise ConfigError(f"max_staleness={args.max_staleness} has no effect without async_generation: true.")
         return
     refused = [
         (args.use_vllm, "use_vllm: the rollout process generates with transformers; vLLM's server path is not "
