@@ -348,7 +348,9 @@ def warn_changed_settings(checkpoint: str, saved: dict, args) -> None:
     (``saved``: its ``training_args.json``) in a setting that makes the continued run differ from the uninterrupted
     one: the seed or data order (a resume without the original ``--seed`` trains on other prompts), the strategies,
     the learning rate, the batch shape, ... Fields that only say where and how the run is recorded are not compared."""
-    now = _json_safe(args.to_dict() if hasattr(args, "to_dict") else dict(vars(args)))
+    from sharpgrpo.run.run_record import json_ready
+
+    now = json_ready(args.to_dict() if hasattr(args, "to_dict") else dict(vars(args)))
     now = json.loads(json.dumps(now, default=str))  # the same encoding as the saved file
     changed = [
         f"{key} {saved[key]!r} -> {now[key]!r}" + (f" ({_CHANGE_EFFECTS[key]})" if key in _CHANGE_EFFECTS else "")
