@@ -43,7 +43,7 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
     nav = nav_pages(config["nav"])
     assert nav[0] == "index.md" and "docs/tools/hooks.py" in config["hooks"]  # the README, made the first page
-    assert sorted(set(nav) - {"index.md"}) == sorted(pages()), "a page is missing from mkdocs.yml's nav, or a nav entry"
+    assert sorted(set(nav) - {"index.md"}) == sorted(pages()), "a page is missing from mkdocs.yml's nav (or too many)"
     assert len(nav) == len(set(nav))
 
 

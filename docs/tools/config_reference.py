@@ -84,8 +84,8 @@ def render() -> str:
         HEADER
         + "\n## Trainer fields\n\nDeclared in `sharpgrpo/config.py` (`SharpGRPOConfig`).\n\n"
         + table(trainer, FIELD_RULES)
-        + "\n## Strategy parameters\n\nDeclared in `sharpgrpo/strategy_params.py` (`StrategyParams`); a parameter that "
-        "no selected strategy reads warns, naming the strategy it belongs to.\n\n"
+        + "\n## Strategy parameters\n\nDeclared in `sharpgrpo/strategy_params.py` (`StrategyParams`); a parameter "
+        "that no selected strategy reads warns, naming the strategy it belongs to.\n\n"
         + table(strategy, FIELD_RULES)
     )
 
