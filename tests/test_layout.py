@@ -4,7 +4,7 @@
 * the wings stand on floors (``FLOORS``, lowest first): a module imports only from its own wing or from a wing on a
   lower floor, never one above it or beside it;
 * no module imports itself back through others (no circles);
-* the top level holds about ten modules, and the README's layout section names every wing and top-level module.
+* the top level holds about ten modules, and the layout section of docs/development.md names every wing and top-level module.
 """
 
 import ast
@@ -78,7 +78,7 @@ def imports() -> dict[str, set[str]]:
 
 def test_every_wing_has_a_floor():
     wings = {wing(module_name(path)) for path in PACKAGE.rglob("*.py")}
-    assert wings - set(FLOOR) == set(), "a new wing or top-level module: give it a floor in FLOORS and the README"
+    assert wings - set(FLOOR) == set(), "a new wing or top-level module: give it a floor in FLOORS and docs/development.md"
 
 
 @pytest.mark.parametrize("module, targets", sorted(imports().items()), ids=lambda v: v if isinstance(v, str) else "")
@@ -110,14 +110,13 @@ def test_no_circles():
             visit(module, [module])
 
 
-def test_the_top_level_is_small_and_the_readme_names_every_wing():
+def test_the_top_level_is_small_and_the_layout_names_every_wing():
     top = sorted(path.stem for path in PACKAGE.glob("*.py"))
     assert len(top) <= 10, top
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("### Layout"):readme.index("### Tests and benchmarks")]
+    layout = layout_section()
     wings = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file())
     for name in [f"{w}/" for w in wings] + [f"{m}.py" for m in top if m not in ("__init__", "__main__")]:
-        assert f"`{name}" in layout, f"README's layout does not name {name}"
+        assert f"`{name}" in layout, f"docs/development.md's layout does not name {name}"
 
 
 def test_the_trainer_stays_glue():
@@ -127,21 +126,22 @@ def test_the_trainer_stays_glue():
 
 
 def layout_section() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    return readme[readme.index("### Layout"):readme.index("### Tests and benchmarks")]
+    """docs/development.md's "Layout" section."""
+    page = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    return page[page.index("## Layout"):page.index("## Tests and benchmarks")]
 
 
-def test_the_readme_layout_names_every_training_module():
+def test_the_layout_names_every_training_module():
     """``training/`` is grouped by the hook that calls it: the layout names each group and each module in it."""
     layout = layout_section()
     training = PACKAGE / "training"
     names = [f"{path.name}/" for path in training.iterdir() if (path / "__init__.py").is_file()]
     names += [path.name for path in training.rglob("*.py") if path.name != "__init__.py"]
     missing = sorted(name for name in names if f"`{name}`" not in layout)
-    assert not missing, f"README's layout does not name training's {missing}"
+    assert not missing, f"docs/development.md's layout does not name training's {missing}"
 
 
-DOCS = [ROOT / "README.md", ROOT / "docs" / "methods.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def defined_names(path: Path) -> set[str]:
@@ -193,7 +193,7 @@ def test_references_to_methods_sections_exist():
     methods = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
     sections = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", methods, flags=re.MULTILINE))
     files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
-             ROOT / "README.md", ROOT / "docs" / "methods.md"]
+             *DOCS]
     wrong = set()
     for path in files:
         text = path.read_text(encoding="utf-8")

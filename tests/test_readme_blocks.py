@@ -1,6 +1,7 @@
-"""The README's code blocks, as a reader copies them: every ``python`` block runs as written (offline, on the CPU, in
-an empty folder), and every ``sharpgrpo`` / ``train.py`` command of a ``bash`` block names a command that exists,
-options that its ``--help`` lists, and a config that resolves."""
+"""The code blocks of the README and of every page under docs/ (the documentation site), as a reader copies them:
+every ``python`` block runs as written (offline, on the CPU, in an empty folder), and every ``sharpgrpo`` /
+``train.py`` command of a ``bash`` block names a command that exists, options that its ``--help`` lists, and a
+config that resolves."""
 
 from __future__ import annotations
 
@@ -21,14 +22,18 @@ REPO = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>\w*)[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 
 
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def readme_blocks(language: str) -> list[str]:
-    """The README's fenced blocks of ``language``, dedented (blocks inside list items are indented)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    return [textwrap.dedent(m["body"]) for m in FENCE.finditer(text) if m["lang"] == language]
+    """The fenced blocks of ``language`` of the README and every docs page, dedented (blocks inside list items are
+    indented)."""
+    return [textwrap.dedent(m["body"]) for page in DOC_PAGES for m in FENCE.finditer(page.read_text(encoding="utf-8"))
+            if m["lang"] == language]
 
 
 def documented_commands() -> list[tuple[str, list[str], str]]:
-    """``(subcommand, its arguments, the line as written)`` of every sharpgrpo command in the README's bash blocks:
+    """``(subcommand, its arguments, the line as written)`` of every sharpgrpo command in the docs' bash blocks:
     ``sharpgrpo SUB ...``, ``python -m sharpgrpo SUB ...`` and ``[accelerate launch ...] train.py ...`` (train)."""
     commands = []
     for block in readme_blocks("bash"):
@@ -74,7 +79,7 @@ def help_texts() -> dict[str, str]:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def test_the_readme_documents_every_command():
+def test_the_docs_document_every_command():
     documented = {name for name, _, _ in documented_commands()}
     assert set(COMMANDS) - {"serve"} <= documented, documented  # serve: the Search section's prose names it
     assert len(documented_commands()) >= 15
@@ -84,13 +89,13 @@ def test_every_documented_command_and_option_exists(help_texts):
     from sharpgrpo.run.config_file import resolve_config_path
 
     for name, args, line in documented_commands():
-        assert name in COMMANDS, f"README: `{line}`: no command {name!r}"
+        assert name in COMMANDS, f"docs: `{line}`: no command {name!r}"
         for index, word in enumerate(args):
             if not word.startswith("--"):
                 continue
             option = word.split("=", 1)[0]
             assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", help_texts[name]), (
-                f"README: `{line}`: `sharpgrpo {name} --help` lists no {option}"
+                f"docs: `{line}`: `sharpgrpo {name} --help` lists no {option}"
             )
             if option == "--config" and name in ("train", "compare"):
                 value = args[index + 1]
@@ -112,7 +117,7 @@ def test_python_blocks_run_as_written(tmp_path):
         (folder / "block.py").write_text(block + probe)  # the block as written, then what it trained
         done = subprocess.run([sys.executable, "block.py"], cwd=folder, env=env, capture_output=True, text=True,
                               timeout=600)  # fmt: skip
-        assert done.returncode == 0, f"README python block {index}:\n{block}\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, f"docs python block {index}:\n{block}\n{done.stderr[-3000:]}"
         # no raw Python warning with a library's source line (transformers' renamed gradient_checkpointing, ...)
         assert "Warning: " not in done.stderr and "warnings.warn(" not in done.stderr, done.stderr[-3000:]
         if probe:

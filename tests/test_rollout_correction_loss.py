@@ -33,7 +33,7 @@ from sharpgrpo.training.loss.policy_loss import LossBatch, LossSettings, policy_
 from sharpgrpo.training.strategy_set import StrategySet
 
 D = torch.float64
-VERL_MISSING = "verl's released code is not installed: see README Development, the verl reference line"
+VERL_MISSING = "verl's released code is not installed: see docs/development.md, the verl reference line"
 AGGREGATION = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
                "dr_grpo": "seq-mean-token-sum-norm", "luspo": "seq-mean-token-sum"}
 ROWS, LENGTH = 8, 11

@@ -137,7 +137,7 @@ def test_valid_edge_values_are_accepted(tmp_path):
 
 
 def test_values_trl_runs_with_are_accepted(tmp_path):
-    """what TRL 1.16 accepts and runs with stays accepted unless the README says why."""
+    """what TRL 1.16 accepts and runs with stays accepted unless the docs say why."""
     assert cpu_config(tmp_path, max_grad_norm=-1.0).max_grad_norm == -1.0  # <= 0 disables clipping in transformers
     assert cpu_config(tmp_path, max_grad_norm=0.0).max_grad_norm == 0.0
     assert cpu_config(tmp_path, num_train_epochs=0, max_steps=5).max_steps == 5  # epochs are ignored with max_steps > 0
@@ -145,20 +145,22 @@ def test_values_trl_runs_with_are_accepted(tmp_path):
         cpu_config(tmp_path, num_train_epochs=0, max_steps=-1)
 
 
-def _readme_section(title):
-    text = (REPO / "README.md").read_text()
-    start = text.index(f"### {title}\n")
-    return text[start: text.index("\n## ", start)]
+def _docs_section(page, title):
+    """The section ``## title`` of ``docs/page`` (to the next ``##`` heading or the page's end)."""
+    text = (REPO / "docs" / page).read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start: end if end >= 0 else len(text)]
 
 
-def test_every_rule_stricter_than_trl_is_explained_in_the_readme(tmp_path):
-    """TRL's GRPOConfig checks none of TRL_FIELD_RULES' fields: each one we check is named in the README's list,
+def test_every_rule_stricter_than_trl_is_explained_in_the_docs(tmp_path):
+    """TRL's GRPOConfig checks none of TRL_FIELD_RULES' fields: each one we check is named in docs/errors.md's list,
     and each listed value is really accepted by TRL's config and refused by ours."""
     from trl import GRPOConfig
 
     from sharpgrpo.validation import TRL_FIELD_RULES
 
-    section = _readme_section("Stricter than TRL")
+    section = _docs_section("errors.md", "Stricter than TRL")
     assert sorted(f for f in TRL_FIELD_RULES if f"`{f}`" not in section) == []
     for field, value in [("max_steps", 0), ("top_k", -1), ("max_completion_length", None), ("temperature", 0.0),
                          ("learning_rate", -1e-6), ("seed", -1)]:

@@ -1,4 +1,4 @@
-"""Bit-for-bit reruns (README "Run records, trackers and reruns"): with ``full_determinism: true`` and a ``seed``, two
+"""Bit-for-bit reruns (docs/comparing.md, "Run records..."): with ``full_determinism: true`` and a ``seed``, two
 runs on one machine log the same numbers, every one, and end with the same weights, bit for bit; a run with another
 seed differs. Real training of the tiny model (3 steps, a weight strategy, sampling at temperature 1), in this process.
 """

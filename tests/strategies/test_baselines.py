@@ -5,7 +5,7 @@ The references below are float64 loops reproducing verl's released code line by 
 ``compute_reinforce_plus_plus_outcome_advantage`` L693-731 and
 ``compute_reinforce_plus_plus_baseline_outcome_advantage`` L533-584, with ``verl_F.masked_mean`` / ``masked_var`` /
 ``masked_whiten`` (``verl/utils/torch_functional.py`` L294-346); they always run. Where verl's released package is
-installed (verl 0.9.1 on PyPI, README Development: "Tests against verl's released code"), the released functions are
+installed (verl 0.9.1 on PyPI, docs/development.md: "Tests against verl's released code"), the released functions are
 also called unchanged on the same batches (verl 0.9.1 ``verl/trainer/ppo/core_algos.py``:
 ``compute_reinforce_plus_plus_baseline_outcome_advantage`` L533-584, ``compute_rloo_outcome_advantage`` L587-636,
 ``compute_reinforce_plus_plus_outcome_advantage`` L693-731); that test skips with the reason where it is not.
@@ -184,7 +184,7 @@ def test_reinforce_pp_baseline_matches_verl(seed):
 def test_the_three_match_verls_released_functions(seed):
     core_algos = pytest.importorskip(
         "verl.trainer.ppo.core_algos",
-        reason="verl's released code is not installed: see README Development, the verl reference line")
+        reason="verl's released code is not installed: see docs/development.md, the verl reference line")
     batch = random_batch(seed, binary=seed % 2 == 0)
     mask, index = batch.completion_mask, batch.group_ids.numpy()
     rewards = verl_token_level_rewards(batch.rewards, mask)

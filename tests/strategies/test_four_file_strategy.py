@@ -1,9 +1,9 @@
-"""The README's "Adding a strategy" as an exercise: a new method is four files and nothing else.
+"""docs/development.md's "Adding a strategy" as an exercise: a new method is four files and nothing else.
 
 A copy of the package and its docs is made in a temporary folder and a loss strategy, ``exercise_mask``, is added to
 it as the recipe says: (1) its module in ``sharpgrpo/strategies/`` (a pure function and a thin registered class), (2)
 its parameter in ``sharpgrpo/strategy_params.py``, (3) its test in ``tests/strategies/``, (4) its section in
-``docs/methods.md`` and its row in the README's strategy table. No other file is edited: no import list, no trainer,
+``docs/methods.md`` and its row in ``docs/strategies.md``'s strategy table. No other file is edited: no import list, no trainer,
 no config. Then, in a fresh interpreter on the copy, the strategy is selectable by name, its parameter is checked
 (a bad value refused naming the field), its metric and per-token term are logged, the telemetry file has its
 ``exercise_mask/token_mask`` column with a description, its own test passes, and the docs check finds it documented;
@@ -138,7 +138,7 @@ def write_copy(folder: Path, with_docs: bool = True) -> Path:
     shutil.copytree(ROOT / "sharpgrpo", folder / "sharpgrpo", ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "docs").mkdir()
     shutil.copy(ROOT / "docs" / "methods.md", folder / "docs" / "methods.md")
-    shutil.copy(ROOT / "README.md", folder / "README.md")
+    shutil.copy(ROOT / "docs" / "strategies.md", folder / "docs" / "strategies.md")
     # 1. its module
     (folder / "sharpgrpo" / "strategies" / f"{NAME}.py").write_text(textwrap.dedent(MODULE).lstrip())
     # 2. its parameter, in the one home of strategy parameters
@@ -150,13 +150,13 @@ def write_copy(folder: Path, with_docs: bool = True) -> Path:
     # 3. its test
     (folder / "tests" / "strategies").mkdir(parents=True)
     (folder / "tests" / "strategies" / f"test_{NAME}.py").write_text(textwrap.dedent(TEST).lstrip())
-    # 4. its docs: a section of docs/methods.md and a row of the README's strategy table
+    # 4. its docs: a section of docs/methods.md and a row of docs/strategies.md's strategy table
     if with_docs:
         with open(folder / "docs" / "methods.md", "a", encoding="utf-8") as methods:
             methods.write(DOCS)
-        readme = (folder / "README.md").read_text(encoding="utf-8")
-        line = next(line for line in readme.splitlines(keepends=True) if line.startswith(ROW_AFTER))
-        (folder / "README.md").write_text(readme.replace(line, line + ROW, 1), encoding="utf-8")
+        page = (folder / "docs" / "strategies.md").read_text(encoding="utf-8")
+        line = next(line for line in page.splitlines(keepends=True) if line.startswith(ROW_AFTER))
+        (folder / "docs" / "strategies.md").write_text(page.replace(line, line + ROW, 1), encoding="utf-8")
     return folder
 
 
@@ -186,7 +186,7 @@ def test_a_new_method_is_four_files(tiny_model_path, tmp_path):
 def test_without_its_docs_section_it_is_refused(tmp_path):
     copy = write_copy(tmp_path / "copy", with_docs=False)
     assert undocumented(copy, [NAME]) == [
-        f"{NAME}: no row in README.md's strategy table",
+        f"{NAME}: no row in docs/strategies.md's strategy table",
         f"{NAME}: no docs/methods.md section heading naming it",
     ]
     assert undocumented(write_copy(tmp_path / "documented"), [NAME]) == []

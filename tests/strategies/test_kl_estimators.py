@@ -3,7 +3,7 @@ gradients.
 
 The verl reference reproduces ``kl_penalty`` and ``kl_penalty_forward`` of verl-project/verl@1dda039
 ``verl/trainer/ppo/core_algos.py`` L2187-2253 line by line; it always runs. Where verl's released package is
-installed (verl 0.9.1 on PyPI, README Development: "Tests against verl's released code"), the released ``kl_penalty``
+installed (verl 0.9.1 on PyPI, docs/development.md: "Tests against verl's released code"), the released ``kl_penalty``
 (verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` L2188-2213, with ``kl_penalty_forward`` L2216-2251) is also called
 unchanged on the same inputs; that test skips with the reason where it is not. TRL's line is
 ``trl/trainer/grpo_trainer.py`` L3100-3102 (trl 1.16.0), also reproduced, so the test does not depend on where TRL
@@ -83,7 +83,7 @@ def test_matches_verl_kl_penalty(seed, scale, name):
 def test_matches_verls_released_kl_penalty(seed, scale, name):
     core_algos = pytest.importorskip(
         "verl.trainer.ppo.core_algos",
-        reason="verl's released code is not installed: see README Development, the verl reference line")
+        reason="verl's released code is not installed: see docs/development.md, the verl reference line")
     logps, ref = inputs(seed, scale)
     got = value_and_grad(lambda a, b: kl_estimate(a, b, name), logps, ref)
     expected = value_and_grad(lambda a, b: core_algos.kl_penalty(a, b, VERL_NAME[name]), logps, ref)

@@ -57,7 +57,7 @@ def test_matches_a_float64_loop(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_matches_verls_released_kl_penalty_and_grpo_advantage(seed, estimator):
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl's released code (the verl reference "
-                                     "line in README Development) is not installed")
+                                     "line in docs/development.md) is not installed")
     import numpy as np
 
     rewards, old, ref, mask, groups = random_batch(seed)

@@ -5,7 +5,7 @@ written line by line from the released code, verl-project/verl@1dda039 ``verl/tr
 branch). The references reproduce the released lines (reproduced here, not vendored: verl imports ray and its
 trainer stack); the statistic sum_v p^2 is checked against TRL 1.16's own fused-head kernel
 (``trl.kernels.chunked_logprob.ChunkedLogProbFunction``, output ``log_sum_sq_probs``), run unchanged. Where verl's
-released package is installed (README, Development: the ``verl-reference`` install), its released functions are also
+released package is installed (docs/development.md: the ``verl-reference`` install), its released functions are also
 imported and run unchanged on the same batches."""
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_tir_otb_matches_the_released_lines(seed, case, zero_tail):
 
 
 def verl_or_skip(module: str):
-    return pytest.importorskip(module, reason="verl's released code (README Development, verl-reference) is not "
+    return pytest.importorskip(module, reason="verl's released code (docs/development.md, verl-reference) is not "
                                               "installed")
 
 

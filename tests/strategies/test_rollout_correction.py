@@ -23,7 +23,7 @@ from sharpgrpo.strategies import rollout_correction as rc
 
 D = torch.float64
 SEEDS = [0, 1, 2, 3, 4]
-VERL_MISSING = "verl's released code is not installed: see README Development, the verl reference line"
+VERL_MISSING = "verl's released code is not installed: see docs/development.md, the verl reference line"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Every registered strategy is documented where users look: a row in the README's strategy table and a section of
-docs/methods.md whose heading names it. A strategy module dropped into ``sharpgrpo/strategies/`` registers itself
+"""Every registered strategy is documented where users look: a row in docs/strategies.md's strategy table and a section
+of docs/methods.md whose heading names it. A strategy module dropped into ``sharpgrpo/strategies/`` registers itself
 (the package imports every public module), so this is what keeps "a new method is four files" honest: the module,
 its parameters, its test, its docs section; a strategy without its docs fails here, naming what is missing."""
 
@@ -20,12 +20,12 @@ def builtin_strategies() -> list[str]:
     return [name for name in STRATEGIES.names() if STRATEGIES.get(name).__module__.startswith("sharpgrpo.strategies.")]
 
 
-def readme_rows(root: Path) -> set[str]:
-    """Names in the first column of the README's strategy table (section "## Strategies")."""
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    start = readme.index("## Strategies")
-    section = readme[start:readme.index("\n## ", start + 1)]
-    return set(re.findall(r"^\| `([\w.-]+)` \|", section, flags=re.MULTILINE))
+def table_rows(root: Path) -> set[str]:
+    """Names in the first column of the strategy table (docs/strategies.md, the page's first table)."""
+    page = (root / "docs" / "strategies.md").read_text(encoding="utf-8")
+    start = page.index("\n| name |")
+    table = page[start:page.index("\n\n", start + 1)]
+    return set(re.findall(r"^\| `([\w.-]+)` \|", table, flags=re.MULTILINE))
 
 
 def methods_headings(root: Path) -> set[str]:
@@ -37,8 +37,8 @@ def methods_headings(root: Path) -> set[str]:
 
 def undocumented(root: Path, names: list[str]) -> list[str]:
     """What each strategy of ``names`` lacks, one line each (empty: all documented)."""
-    rows, headings = readme_rows(root), methods_headings(root)
-    missing = [f"{name}: no row in README.md's strategy table" for name in names if name not in rows]
+    rows, headings = table_rows(root), methods_headings(root)
+    missing = [f"{name}: no row in docs/strategies.md's strategy table" for name in names if name not in rows]
     missing += [f"{name}: no docs/methods.md section heading naming it" for name in names if name not in headings]
     return missing
 
@@ -53,11 +53,12 @@ def test_every_registered_strategy_is_documented(name):
 
 
 def test_a_strategy_without_docs_is_named(tmp_path):
-    """The check itself: a README and methods page missing one strategy name exactly that strategy."""
+    """The check itself: a strategies page and methods page missing one strategy name exactly that strategy."""
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("## Strategies\n\n| name | kind |\n|---|---|\n| `a` | weight |\n\n## Next\n")
+    (tmp_path / "docs" / "strategies.md").write_text(
+        "# Strategies\n\n| name | kind |\n|---|---|\n| `a` | weight |\n\n| name |\n|---|\n| `b` |\n")
     (tmp_path / "docs" / "methods.md").write_text("## 1. A (`a`)\n\n## 2. Something about `b` in the text\n`b`\n")
     assert undocumented(tmp_path, ["a"]) == []
-    assert undocumented(tmp_path, ["a", "b"]) == ["b: no row in README.md's strategy table"]
+    assert undocumented(tmp_path, ["a", "b"]) == ["b: no row in docs/strategies.md's strategy table"]
     (tmp_path / "docs" / "methods.md").write_text("## 1. A\n\nmentions `a` only in the text\n")
     assert undocumented(tmp_path, ["a"]) == ["a: no docs/methods.md section heading naming it"]

@@ -2,7 +2,7 @@
 
 They carry the ``vllm`` marker, which the default run leaves out; run them in an environment with the extra::
 
-    pip install -e ".[vllm]"         # README, "Generating with vLLM"
+    pip install -e ".[vllm]"         # docs/vllm-and-async.md
     python -m pytest -q -m vllm
 
 Where vLLM is not installed they skip with that reason. ``VLLM_CPU_KVCACHE_SPACE`` is set to 1 GiB unless given

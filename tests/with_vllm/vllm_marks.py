@@ -8,6 +8,6 @@ import pytest
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 NEEDS_VLLM = [
     pytest.mark.vllm,
-    pytest.mark.skipif(VLLM_MISSING, reason='vLLM is not installed: pip install -e ".[vllm]" (README, "Generating '
-                                             'with vLLM")'),
+    pytest.mark.skipif(VLLM_MISSING, reason='vLLM is not installed: pip install -e ".[vllm]" (docs/vllm-and-async.md, '
+                                             '"Generating with vLLM")'),
 ]
