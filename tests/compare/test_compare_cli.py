@@ -289,3 +289,37 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"
+
+
+@pytest.mark.slow
+def test_a_rerun_after_sigkill_finishes_every_run(tmp_path, tiny_model_path):
+    """Rule 4's last clause: a comparison killed with SIGKILL mid-training (its run checkpoints and stops on the
+    death signal) is finished by the same command run again: no lock of the dead run's is left in the way, the run
+    resumes and ends at max_steps, and the report has it."""
+    output = tmp_path / "report"
+    args = ["--config", "configs/demo.yaml", "--output", str(output), "--seeds", "0", "--strategies", "equal",
+            "--set", f"model_name_or_path={tiny_model_path}", "max_steps=200", "per_device_train_batch_size=8",
+            "num_generations=4", "save_steps=20", "dataset_kwargs={\"num_prompts\": 16}"]  # fmt: skip
+    first = subprocess.Popen([sys.executable, "-m", "sharpgrpo", "compare", *args], cwd=REPO_ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run_dir = output / "runs" / "equal" / "seed0"
+    try:
+        _wait_for(run_dir / "train.log", first, 300)
+        deadline = time.monotonic() + 300
+        while b"'loss'" not in (run_dir / "train.log").read_bytes():  # training has started
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        child = int((run_dir / ".sharpgrpo.lock").read_text())
+        first.kill()
+        first.wait()
+        deadline = time.monotonic() + 120
+        while _alive(child):
+            assert time.monotonic() < deadline, f"training process {child} outlived the comparison"
+            time.sleep(0.2)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    again = main(args)
+    (run,) = again["runs"]
+    assert run["status"] == "done" and run["metrics"]["steps"] == 200

@@ -7,7 +7,8 @@ Then, from the file alone:
 
 * the columns equal the strategy's own quantities: ``rejected`` where r < 1 (float32 comparison of the file's
   old_logp and sampling_logp), ``is_weight = min(r, 1)``, ``mismatch_k1/k3`` per token (float64 loop), the factor
-  the loss used (``token_mask``) their product, and their means the logged ``rollout_corr/*`` metrics;
+  the loss used (``token_mask``) the weight, the rejected tokens out of the loss (``loss_mask`` 0, ``loss_share``
+  0), and their means the logged ``rollout_corr/*`` metrics;
 * ``--what-if rollout_rs_threshold=1.0_1e30`` (reject r > 1 instead) drops exactly the tokens with r > 1 only under
   the what-if and those with r < 1 only under the run's setting, on the page, in tokens.json and in the printed line;
 * the page's legend, shaded by the correction's columns and by ``what_if/change``, lists exactly the colours drawn
@@ -71,13 +72,15 @@ def test_correction_columns_and_what_if_on_a_real_vllm_run(tiny_vllm_model, shar
     below, above = old < sampling, old > sampling  # r < 1, r > 1: exact in float32
     assert below.sum() > 0 and above.sum() > 0  # a real engine-trainer mismatch on both sides: the check has power
     column = {c: frame[f"{name}/{c}"].to_numpy(dtype=np.float64)[loss]
-              for c in ("is_weight", "rejected", "mismatch_k1", "mismatch_k3", "token_mask")}
+              for c in ("is_weight", "rejected", "mismatch_k1", "mismatch_k3", "token_mask", "loss_mask")}
     assert np.array_equal(column["rejected"], below.astype(np.float64))
     log_r = [float(o) - float(s) for o, s in zip(old, sampling, strict=True)]
     np.testing.assert_allclose(column["is_weight"], [min(math.exp(x), 1.0) for x in log_r], rtol=1e-6)
     np.testing.assert_allclose(column["mismatch_k1"], [-x for x in log_r], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(column["mismatch_k3"], [math.exp(x) - x - 1 for x in log_r], atol=1e-6)
-    assert np.array_equal(column["token_mask"], column["is_weight"] * (1 - column["rejected"]))
+    assert np.array_equal(column["token_mask"], column["is_weight"])  # the weight on the kept tokens' terms
+    assert np.array_equal(column["loss_mask"], 1 - column["rejected"])  # rejected: out of the loss and its normaliser
+    assert (frame["loss_share"].to_numpy()[loss][column["rejected"] == 1] == 0).all()
     assert logged["rollout_corr/kl"] == pytest.approx(column["mismatch_k1"].mean(), rel=1e-4, abs=1e-8)
     assert logged["rollout_corr/rejected_fraction"] == pytest.approx(column["rejected"].mean(), rel=1e-5)
 
