@@ -104,6 +104,8 @@ def settings_for(strategies: list[str], model: str) -> dict:
             settings["loss_type"] = loss_types[0]
         if name.startswith("rollout_correction"):
             settings["vllm_importance_sampling_correction"] = False
+        if name == "archer":  # on-policy with beta 0 it would do nothing, and is refused (Strategy.inert)
+            settings["beta"] = 0.04
     return settings
 
 
