@@ -74,7 +74,7 @@ def stateful_strategies() -> set[str]:
 # Each stateful strategy, composed where they compose (one weight strategy and loss strategies): one pair of runs.
 # opd / iw_opd keep state with teacher_model: ema, sdpo with sdpo_teacher: ema (the EMA teacher's weights, one copy,
 # carried by the first of them: run once with each holder first).
-EVERY_STATE = ["random", "clip_cov", "opd", "iw_opd", "sdpo"]
+EVERY_STATE = ["random", "clip_cov", "opd", "iw_opd", "sdpo", "rlsd"]
 STATE_SETTINGS = {"teacher_model": "ema", "sdpo_teacher": "ema", "teacher_ema_decay": 0.5}
 HOLDERS = {"opd": "OnPolicyDistillationStrategy", "sdpo": "SelfDistillationStrategy"}
 
