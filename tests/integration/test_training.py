@@ -47,12 +47,14 @@ DECLARED = {metric for name in STRATEGIES.names() for metric in STRATEGIES.get(n
 
 
 def strategy_config(strategies: list[str]) -> dict:
-    """What the strategies need of the tiny run: a loss strategy defined on some loss types only gets the first."""
+    """What the strategies need of the tiny run: a loss strategy defined on some loss types only gets the first;
+    archer a KL term (on-policy with beta 0 it would do nothing, and is refused: ``Strategy.inert``)."""
+    options = {"beta": 0.04} if "archer" in strategies else {}
     for name in strategies:
         loss_types = getattr(STRATEGIES.get(name), "loss_types", None)
         if STRATEGIES.get(name).kind == "loss" and loss_types:
-            return {"loss_type": loss_types[0]}
-    return {}
+            return {**options, "loss_type": loss_types[0]}
+    return options
 
 
 @pytest.mark.parametrize(
