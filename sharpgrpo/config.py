@@ -158,7 +158,7 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         False,
         "Write every completion token's loss inputs (log-p, ratio, clip flags, weights, token advantage after each "
         "strategy, KL, its share of the loss) to `output_dir/telemetry/telemetry_<step>.parquet` every "
-        "`telemetry_steps`; read by `sharpgrpo tokens --telemetry`. README 'Token telemetry'.",
+        "`telemetry_steps`; read by `sharpgrpo tokens --telemetry`. docs/telemetry.md.",
         one_of(False, True),
     )
     telemetry_steps: int = param(

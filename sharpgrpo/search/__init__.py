@@ -1,4 +1,4 @@
-"""The agentic search setting (GRPO-SG's third; Search-R1 format; README "Search").
+"""The agentic search setting (GRPO-SG's third; Search-R1 format; docs/search.md).
 
 * :mod:`~sharpgrpo.search.config`: ``SearchArguments`` (retrieval server, episode limits), parsed by ``train.py``;
 * :mod:`~sharpgrpo.search.format`: Search-R1's prompt, turn actions, retry message and passage formatting;

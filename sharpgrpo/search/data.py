@@ -21,7 +21,7 @@ def shared_qa_dir() -> Path:
     if path is None or not (path / "qa.jsonl").is_file():
         raise FileNotFoundError(
             "The shared search-QA data (shared/data/qa/qa.jsonl) was not found: set $SHARPGRPO_SHARED_DIR to the folder "
-            "holding data/qa, or use Search-R1's parquet with column_mapping (see README, Search)."
+            "holding data/qa, or use Search-R1's parquet with column_mapping (see docs/search.md)."
         )
     return path
 

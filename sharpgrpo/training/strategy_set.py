@@ -196,7 +196,7 @@ def check_strategies_act(names: Sequence[str], classes: Sequence[type], args: An
 
 
 def check_telemetry_request(args: Any) -> None:
-    """Per-token telemetry asked for is delivered (README "Token telemetry"): ``telemetry_steps`` without
+    """Per-token telemetry asked for is delivered (docs/telemetry.md): ``telemetry_steps`` without
     ``token_telemetry`` writes nothing, and a telemetry interval longer than ``max_steps`` (without
     ``logging_first_step``) makes no step a telemetry step; both are refused naming the fields. With ``max_steps:
     -1`` the number of steps is known only when training starts and is not checked here."""

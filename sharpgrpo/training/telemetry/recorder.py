@@ -15,7 +15,7 @@ Capture, not recomputation. The trainer hands the recorder, detached, what it co
   (group, completion, position) and written by the main process (``TelemetryRecorder.flush``).
 
 Only (B, T) tensors of the micro-batch are kept, on the CPU, and only on telemetry steps; nothing of vocabulary size.
-The columns, their meaning and the file's metadata are ``COLUMNS`` and ``file_metadata`` (README "Token telemetry").
+The columns, their meaning and the file's metadata are ``COLUMNS`` and ``file_metadata`` (docs/telemetry.md).
 """
 
 from __future__ import annotations
