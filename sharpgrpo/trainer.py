@@ -44,7 +44,6 @@ from sharpgrpo.training.generation.score_dump import dump_token_scores
 from sharpgrpo.training.generation.vllm_checks import check_vllm_request
 from sharpgrpo.training.generation.vllm_sync import prepare_colocated_engine
 from sharpgrpo.training.generation.vllm_seeding import server_generation_kwargs
-from sharpgrpo.training.generation.window_tokens import recount_window_tokens
 from sharpgrpo.training.launch_check import check_launch, check_launch_request
 from sharpgrpo.training.loss.entropy_bonus import entropy_coef_to_apply, update_entropy_control
 from sharpgrpo.training.loss.logps_temperature import score_logps_at
@@ -167,7 +166,6 @@ class SharpGRPOTrainer(GRPOTrainer):
             self.vllm_generation.generation_kwargs = server_generation_kwargs(self.args, self._generation_count)
         mode = "train" if self.model.training else "eval"  # TRL's generation, refilled by dynamic sampling:
         inputs, output, self._generation = generate_batch(self, inputs, super()._generate_and_score_completions, mode)
-        output = recount_window_tokens(self, output)  # dapo/cispo/vespo: tokens a loss strategy removes (rejection)
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         output = tag_groups(output, self.accelerator.process_index, self.accelerator.num_processes, num_generations,
                             self._generation_count)

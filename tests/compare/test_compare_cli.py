@@ -268,18 +268,24 @@ def test_one_owner_per_output_and_the_runs_die_with_the_comparison(tmp_path, tin
         ), second.stderr[-2000:]
         assert (run_dir / "train.log").stat().st_size >= log_size
 
-        first.kill()  # SIGKILL: no handler runs in the comparison
-        first.wait()
-        deadline = time.monotonic() + 90
-        while _alive(child):
-            assert time.monotonic() < deadline, f"training process {child} outlived the comparison"
-            time.sleep(0.2)
+        _kill_and_wait_for_its_run(first, child, 90)
     finally:
         if first.poll() is None:
             first.kill()
             first.wait()
     log = (run_dir / "train.log").read_bytes()
     assert b"\0" not in log and b"SIGTERM received" in log, log[-2000:]
+
+
+def _kill_and_wait_for_its_run(comparison: subprocess.Popen, child: int, limit: float) -> None:
+    """SIGKILL the comparison (no handler runs in it), then wait up to ``limit`` seconds for its training process
+    ``child`` to end."""
+    comparison.kill()
+    comparison.wait()
+    deadline = time.monotonic() + limit
+    while _alive(child):
+        assert time.monotonic() < deadline, f"training process {child} outlived the comparison"
+        time.sleep(0.2)
 
 
 def _alive(pid: int) -> bool:
@@ -309,13 +315,7 @@ def test_a_rerun_after_sigkill_finishes_every_run(tmp_path, tiny_model_path):
         while b"'loss'" not in (run_dir / "train.log").read_bytes():  # training has started
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        child = int((run_dir / ".sharpgrpo.lock").read_text())
-        first.kill()
-        first.wait()
-        deadline = time.monotonic() + 120
-        while _alive(child):
-            assert time.monotonic() < deadline, f"training process {child} outlived the comparison"
-            time.sleep(0.2)
+        _kill_and_wait_for_its_run(first, int((run_dir / ".sharpgrpo.lock").read_text()), 120)
     finally:
         if first.poll() is None:
             first.kill()

@@ -57,7 +57,7 @@ def test_trainer_loss_and_parameter_gradients_equal_verls(tiny_model_path, tmp_p
     trainer.strategies = StrategySet(strategy_args)
     inputs = inputs_for(trainer, seed=0)
     before = int(inputs["num_items_in_batch"])
-    inputs = recount_window_tokens(trainer, inputs)  # what _generate_and_score_completions runs
+    inputs = recount_window_tokens(trainer, inputs)  # what generate_batch runs in _generate_and_score_completions
     old = inputs["old_per_token_logps"]
     filled = torch.where(torch.isnan(inputs["sampling_per_token_logps"]), old, inputs["sampling_per_token_logps"])
     proto, kept, _ = helper.compute_rollout_correction_and_rejection_mask(

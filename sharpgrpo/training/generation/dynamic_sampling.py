@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.training.generation.inputs import loss_mask
+from sharpgrpo.training.generation.window_tokens import recount_window_tokens
 
 DYNAMIC_SAMPLING_FILTERS = ("reward_std", "accuracy")  # or the name of a reward function of the run
 _SEED_MIX = (1_000_003, 7919)  # the draw's seed: seed + generation * 1_000_003 + round * 7919
@@ -58,7 +59,9 @@ def needs_verdicts(args) -> bool:
 def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]], dict], mode: str):
     """One generation batch for ``trainer``: ``generate`` (TRL's ``_generate_and_score_completions``) on ``inputs``
     with a fresh generation record, refilled by the trainer's :class:`DynamicSampler` in training when
-    ``dynamic_sampling`` is on (built with the trainer: :func:`dynamic_sampler`). Returns (the input rows, TRL's output, the generation record)."""
+    ``dynamic_sampling`` is on (built with the trainer: :func:`dynamic_sampler`), its window token count recounted
+    without the tokens a loss strategy removes (``window_tokens``). Returns (the input rows, TRL's output, the
+    generation record)."""
     from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
 
     def one_round(rows: list[dict]):
@@ -66,8 +69,10 @@ def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]],
         return generate(rows), trainer._generation
 
     if mode != "train" or trainer._dynamic_sampler is None:
-        return (inputs, *one_round(inputs))
-    return trainer._dynamic_sampler.generate(inputs, one_round, trainer._generation_count)
+        rows, output, record = inputs, *one_round(inputs)
+    else:
+        rows, output, record = trainer._dynamic_sampler.generate(inputs, one_round, trainer._generation_count)
+    return rows, recount_window_tokens(trainer, output), record  # the window count without removed tokens
 
 
 def dynamic_sampler(trainer) -> DynamicSampler | None:
