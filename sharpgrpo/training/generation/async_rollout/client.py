@@ -101,6 +101,7 @@ class AsyncRollouts:
         self._in_flight: deque[tuple[int, list[Any]]] = deque()  # (job index, prompts), oldest first
         self._stream: Iterator[list[Any]] | None = None
         self._index = 0
+        self._prompt_ids: dict[int, list[list[int]]] = {}  # each job's tokenized prompts, until its batch is served
         self._published = None
 
     # --- the rollout process ---------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ class AsyncRollouts:
     def _submit(self, trainer, prompts: list[Any], rng_state: torch.Tensor | None = None,
                 cuda_rng_state: torch.Tensor | None = None) -> int:
         index, self._index = self._index, self._index + 1
-        prompt_ids = trainer._tokenize_prompts(prompts)[0]
+        prompt_ids = self._prompt_ids[index] = trainer._tokenize_prompts(prompts)[0]
         self._jobs.put({"index": index, "prompt_ids": prompt_ids, "rng_state": rng_state,
                         "cuda_rng_state": cuda_rng_state,
                         "seed": (trainer.args.seed * 1_000_003 + index) % 2**63, "capture": capture_wanted(trainer)})
@@ -189,7 +190,7 @@ class AsyncRollouts:
         wanted = capture_wanted(trainer)
         trainer._generation.captured = {key: value for key, value in result["captured"].items() if wanted.get(key)}
         logps = result["captured"]["logps"]
-        return {"prompt_ids": trainer._tokenize_prompts(prompts)[0], "completion_ids": result["completion_ids"],
+        return {"prompt_ids": self._prompt_ids.pop(result["index"]), "completion_ids": result["completion_ids"],
                 "logprobs": [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])],
                 "policy_version": [result["version"]] * len(prompts)}  # TRL merges it into the rows (telemetry)
 
@@ -213,6 +214,7 @@ class AsyncRollouts:
             if self._index > 0 or self._in_flight:
                 trainer._metrics["train"]["async/regenerated"].append(1.0)
             self._in_flight.clear()
+            self._prompt_ids.clear()
             self._seek(prompts)
             result = self._result(self._submit(trainer, prompts))
         while self._stream is not None and len(self._in_flight) < self.max_staleness:
