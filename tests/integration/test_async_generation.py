@@ -150,3 +150,57 @@ def test_a_resumed_run_finds_its_place_in_the_data_order(tiny_model_path, tmp_pa
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     after = [(e["step"], e["async/staleness"]) for e in resumed.state.log_history if "loss" in e and e["step"] > 2]
     assert after == [(3, 0.0), (4, 1.0)]
+
+
+def test_a_lora_policy_is_published_as_the_model_peft_merges(tiny_model_path):
+    """The weights the rollout process receives for a LoRA policy are peft's own merge (``merge_and_unload``) of it,
+    with ``modules_to_save`` and random adapters (nonzero deltas), and publishing leaves the policy untouched."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from sharpgrpo.training.generation.async_rollout.weights import plain_state_dict
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    plain = {name: tensor.clone() for name, tensor in base.state_dict().items()}
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False, modules_to_save=["lm_head"]))
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    published = plain_state_dict(model)
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(published) == set(merged) == set(plain)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(published[name], tensor, rtol=0, atol=1e-6)
+    moved = [name for name in plain if not torch.allclose(published[name], plain[name], atol=1e-3)]
+    assert any("q_proj" in name for name in moved) and any("v_proj" in name for name in moved)  # deltas are in
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_a_lora_policy_trains_asynchronously_on_its_own_weights(tiny_model_path, tmp_path):
+    """A LoRA policy trains asynchronously: at staleness 0 the rollout process's sampling log-probabilities are the
+    trainer's own (rollout_correction's KL between the two is ~0), though the random adapters move the policy far from
+    its base model (the rollout process would not match it without them); the adapters train, finite metrics."""
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    from sharpgrpo import SharpGRPOTrainer
+    from sharpgrpo.data.demo import allowed_letters_reward, demo_dataset
+
+    torch.manual_seed(0)
+    trainer = SharpGRPOTrainer(
+        model=str(tiny_model_path), reward_funcs=[allowed_letters_reward],
+        args=tiny_config(tmp_path, max_steps=2, strategies=["rollout_correction"], async_generation=True,
+                         max_staleness=0),
+        train_dataset=demo_dataset(64), processing_class=AutoTokenizer.from_pretrained(tiny_model_path),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapters = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert adapters and all("lora_" in name for name in adapters)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "rollout_corr/kl" in entry]
+    assert len(logs) == 2
+    assert all(abs(entry["rollout_corr/kl"]) < 1e-4 for entry in logs), [e["rollout_corr/kl"] for e in logs]
+    assert all(math.isfinite(v) for entry in logs for v in entry.values() if isinstance(v, float))
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(after[name], value) for name, value in adapters.items())

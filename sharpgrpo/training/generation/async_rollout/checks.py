@@ -27,11 +27,8 @@ def check_async_config(args: Any) -> None:
             raise ConfigError(f"async_generation with {why}.")
 
 
-def check_async_launch(num_processes: int, peft_model: bool) -> None:
-    """One process and a plain (non-PEFT) policy: what the rollout process can copy."""
+def check_async_launch(num_processes: int) -> None:
+    """One process: the rollout process serves one trainer process."""
     if num_processes > 1:
         raise ValueError(f"async_generation runs one rollout process for one trainer process; this launch has "
                          f"{num_processes} processes.")
-    if peft_model:
-        raise ValueError("async_generation with a LoRA (peft) policy: the rollout process copies a plain model's "
-                         "weights; merge the adapter or train without async_generation.")

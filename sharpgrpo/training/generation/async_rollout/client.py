@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.training.generation.async_rollout.checks import check_async_launch
-from sharpgrpo.training.generation.async_rollout.weights import SharedMemoryWeights
+from sharpgrpo.training.generation.async_rollout.weights import SharedMemoryWeights, plain_state_dict
 from sharpgrpo.training.generation.async_rollout.worker import WorkerSpec, run_rollout_worker
 from sharpgrpo.training.generation.policy_inputs import causal_lm
 
@@ -106,11 +106,11 @@ class AsyncRollouts:
 
     # --- the rollout process ---------------------------------------------------------------------------------
     def _start(self, trainer) -> None:
-        check_async_launch(trainer.accelerator.num_processes,
-                           hasattr(trainer.accelerator.unwrap_model(trainer.model), "get_base_model"))
+        check_async_launch(trainer.accelerator.num_processes)
         context = torch.multiprocessing.get_context("spawn")
         model = causal_lm(trainer.accelerator, trainer.model)
-        self._weights = SharedMemoryWeights(model, context)
+        self._weights = SharedMemoryWeights(plain_state_dict(trainer.accelerator.unwrap_model(trainer.model)),
+                                            context)
         spec = WorkerSpec(
             model_config=model.config, generation_config=model.generation_config,
             trainer_generation_config=trainer.generation_config, generation_kwargs=trainer.generation_kwargs,
@@ -142,7 +142,7 @@ class AsyncRollouts:
     def _publish(self, trainer) -> None:
         step = trainer.state.global_step
         if step != self._published:
-            self._weights.publish(causal_lm(trainer.accelerator, trainer.model), step)
+            self._weights.publish(plain_state_dict(trainer.accelerator.unwrap_model(trainer.model)), step)
             self._published = step
 
     def _submit(self, trainer, prompts: list[Any], rng_state: torch.Tensor | None = None,
