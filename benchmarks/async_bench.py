@@ -17,6 +17,9 @@ machine with fewer cores than both together, they compete, and the overlap buys 
 
     python benchmarks/async_bench.py                                    # CPU, a few minutes
     python benchmarks/async_bench.py --rounds 6 --steps 12 --threads 1 --max_staleness 2
+    python benchmarks/async_bench.py --device cuda --hidden_size 1024 --num_layers 8 --max_completion_length 128
+
+On a GPU, benchmarks/gpu_suite.py runs the same rounds as its ``async`` part.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def parse_args(argv=None):
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--reward_threshold", type=float, default=0.625)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the trainer and the rollout process on the GPU, in bf16")
     parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
     return parser.parse_args(argv)
 
@@ -77,7 +82,8 @@ def run_once(variant: str, args, model_path: Path, folder: Path) -> tuple[list[f
 
     extra = {"async_generation": True, "max_staleness": args.max_staleness} if variant == "async" else {}
     config = SharpGRPOConfig(
-        output_dir=str(folder), report_to=[], use_cpu=True, bf16=False, strategies=["equal"],
+        output_dir=str(folder), report_to=[], use_cpu=args.device == "cpu", bf16=args.device == "cuda",
+        strategies=["equal"],
         per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length,
         generation_kwargs={"min_new_tokens": args.max_completion_length}, learning_rate=1e-4,
@@ -95,16 +101,18 @@ def run_once(variant: str, args, model_path: Path, folder: Path) -> tuple[list[f
     return steps, float(tokens)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    model_path = build_model(args)  # built once into --model_dir (or a folder per size), then reused
+def paired_rounds(args, model_path: Path, deadline: float = float("inf")) -> dict:
+    """``args.rounds`` rounds of every variant (fewer if ``deadline``, a ``time.perf_counter()`` value, passes first;
+    at least one), each variant's median step time, tokens per second and paired ratio to ``sync`` with its 95%
+    bootstrap interval (the module docstring), printed as a table and returned."""
     rng = random.Random(args.seed)
     times = {variant: [] for variant in VARIANTS}
     medians = {variant: [] for variant in VARIANTS}
     token_rates = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as root:
         for round_index in range(args.rounds):
+            if round_index > 0 and time.perf_counter() > deadline:
+                break
             order = VARIANTS[round_index % 3:] + VARIANTS[:round_index % 3]
             for variant in order:
                 steps, tokens = run_once(variant, args, model_path, Path(root) / f"{variant}-{round_index}")
@@ -123,6 +131,15 @@ def main(argv=None):
         results["variants"][variant] = {"median_step_seconds": median, "tokens_per_second": rate,
                                         "paired_ratio": statistics.median(ratios), "interval": [low, high]}
         print(f"| {variant} | {median:.3f} | {rate:.0f} | {statistics.median(ratios):.3f} [{low:.3f}, {high:.3f}] |")
+    results["rounds"] = len(medians["sync"])
+    return results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model_path = build_model(args)  # built once into --model_dir (or a folder per size), then reused
+    results = paired_rounds(args, model_path)
     if args.output is not None:
         args.output.write_text(json.dumps(results, indent=2))
 

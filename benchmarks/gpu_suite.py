@@ -3,7 +3,7 @@
     python benchmarks/gpu_suite.py --json gpu_suite.json    # one H100 or H200: at most 8 minutes (--budget_s 450)
     python benchmarks/gpu_suite.py --dry-run                # CPU, tiny shapes, float32: the same code paths
 
-Three parts (``--parts``, all by default); each figure is printed with the command that takes it alone:
+Four parts (``--parts``, all by default); each figure is printed with the command that takes it alone:
 
 1. ``thr``: ``thr_bench.py``'s fused THR score at G = 8, L = 1024 / 2048 / 4096, V = 151936, H = 1536, bf16, once per
    kernel path (``thr_kernels.KERNELS``: torch, triton-tokens, triton), each with its floor (the path's flop count,
@@ -18,7 +18,12 @@ Three parts (``--parts``, all by default); each figure is printed with the comma
    (forward + backward of a fixed batch), continued until the A/A control's 95% interval lies within +-2% (at least
    ``--min_rounds``) or the part's share of ``--budget_s`` is spent; paired ratios to TRL (``step_bench.summarise``)
    and peak memory per variant and phase.
-3. ``strategies``: every strategy in the registry (``sharpgrpo.strategies.STRATEGIES``) trains the same model for
+3. ``async``: ``async_bench.py``'s paired rounds on the device: synchronous training, its A/A twin and
+   ``async_generation`` (``max_staleness`` 1, the rollout process on the same GPU), each a fresh trainer of a tiny
+   Qwen2 (``hidden_size``/``num_layers`` of the mode) trained ``steps`` steps on fixed-length completions; median step
+   time, completion tokens per second and the paired ratio to ``sync`` with its interval; the headline
+   ``async_generation (max_staleness 1) on <device>: <ratio> x sync's step time [<low>, <high>]; A/A <ratio>``.
+4. ``strategies``: every strategy in the registry (``sharpgrpo.strategies.STRATEGIES``) trains the same model for
    ``--steps`` optimizer steps in bf16 with ``token_telemetry`` on (one parquet file a step): every logged metric
    finite, one telemetry file per step whose float columns are finite on the loss tokens, and the peak memory.
    Strategies that need settings the suite cannot give (a config check refuses them in one line) are listed as not
@@ -53,7 +58,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-PARTS = ("thr", "ratios", "strategies")
+PARTS = ("thr", "ratios", "async", "strategies")
 
 # The project's runtime requirements and theirs, minus torch and its own (the closure of sharpgrpo's requirements
 # without torch's, as installed where the suite was tested; tests/test_gpu_suite.py keeps it complete).
@@ -81,6 +86,9 @@ MODES = {
         "ratios": {"shape": "QWEN25_15B", "batch_size": 16, "micro_batch": 8, "num_generations": 8,
                    "prompt_length": 64, "max_completion_length": 128, "warmup": 1, "min_rounds": 4,
                    "max_rounds": 40, "loss_min_rounds": 10, "loss_max_rounds": 60},
+        "async": {"hidden_size": 1024, "num_layers": 8, "warm_start_steps": 0, "batch_size": 32,
+                  "num_generations": 8, "max_completion_length": 128, "steps": 8, "warmup": 2, "rounds": 3,
+                  "max_staleness": 1, "seconds": 100.0},
         "strategies": {"batch_size": 16, "micro_batch": 8, "num_generations": 8, "prompt_length": 32,
                        "max_completion_length": 32, "steps": 2, "seconds_each": 8.0},
     },
@@ -91,6 +99,9 @@ MODES = {
         "ratios": {"shape": "SMALL", "batch_size": 8, "micro_batch": 4, "num_generations": 4, "prompt_length": 8,
                    "max_completion_length": 6, "warmup": 0, "min_rounds": 2, "max_rounds": 2,
                    "loss_min_rounds": 2, "loss_max_rounds": 2},
+        "async": {"hidden_size": 32, "num_layers": 2, "warm_start_steps": 0, "batch_size": 8, "num_generations": 4,
+                  "max_completion_length": 4, "steps": 3, "warmup": 1, "rounds": 1, "max_staleness": 1,
+                  "seconds": 60.0},
         "strategies": {"batch_size": 8, "micro_batch": 4, "num_generations": 4, "prompt_length": 8,
                        "max_completion_length": 4, "steps": 1, "seconds_each": 1.0},
     },
@@ -398,6 +409,24 @@ def ratios_part(mode: dict, model, tokenizer, deadline: float) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # Part 3: every registered strategy, a few bf16 steps with token telemetry
 # ----------------------------------------------------------------------------------------------------------------
+def async_part(mode: dict, deadline: float) -> dict:
+    """``async_bench.py``'s paired rounds (the module docstring, part 3) until ``deadline``."""
+    import async_bench
+
+    args = async_bench.parse_args(["--device", mode["device"]])
+    for key, value in mode["async"].items():
+        if key != "seconds":
+            setattr(args, key, value)
+    results = async_bench.paired_rounds(args, async_bench.build_model(args), deadline)
+    variants = results["variants"]
+    ours, control = variants["async"], variants["sync#2"]
+    emit(f"async_generation (max_staleness {args.max_staleness}) on {mode['device']}: "
+         f"{ours['paired_ratio']:.3f} x sync's step time [{ours['interval'][0]:.3f}, {ours['interval'][1]:.3f}]; "
+         f"A/A {control['paired_ratio']:.3f} ({results['rounds']} rounds; sync {variants['sync']['tokens_per_second']:.0f}"
+         f", async {ours['tokens_per_second']:.0f} completion tokens/s)")
+    return results
+
+
 def strategy_options(name: str) -> dict:
     """Config fields a strategy needs beyond the defaults: learning_bench.STRATEGY_OPTIONS (CLI pairs) as kwargs."""
     import learning_bench
@@ -567,10 +596,15 @@ def main(argv=None) -> int:
         params = sum(p.numel() for p in model.parameters())
         emit(f"\nmodel: Qwen2 {getattr(step_bench_real, mode['ratios']['shape'])} "
              f"({params / 1e6:.1f}M parameters, random weights, built from a config), {mode['dtype']}")
+    reserve_strategies = mode["strategies"]["seconds_each"] * len(names) if "strategies" in args.parts else 0.0
+    reserve_async = mode["async"]["seconds"] if "async" in args.parts else 0.0
     if "ratios" in args.parts:
-        reserve = mode["strategies"]["seconds_each"] * len(names) if "strategies" in args.parts else 0.0
-        run("ratios", lambda: ratios_part(mode, model, tokenizer, deadline - reserve))
+        run("ratios", lambda: ratios_part(mode, model, tokenizer, deadline - reserve_strategies - reserve_async))
         emit(f"command (this part alone): python benchmarks/gpu_suite.py --parts ratios"
+             f"{' --dry-run' if args.dry_run else ''}")
+    if "async" in args.parts:
+        run("async", lambda: async_part(mode, deadline - reserve_strategies))
+        emit(f"command (this part alone): python benchmarks/gpu_suite.py --parts async"
              f"{' --dry-run' if args.dry_run else ''}")
     if "strategies" in args.parts:
         run("strategies", lambda: strategies_part(mode, model, tokenizer, names, deadline))

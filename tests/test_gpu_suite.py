@@ -68,6 +68,12 @@ def test_dry_run_takes_every_figure(tmp_path):
         assert "control_within_2pct" in ratios["phases"][phase]
     assert ratios["identical_completions"] is True
 
+    asynchronous = result["async"]
+    assert set(asynchronous["variants"]) == {"sync", "sync#2", "async"} and asynchronous["rounds"] == 1
+    assert all(row["median_step_seconds"] > 0 and row["tokens_per_second"] > 0
+               for row in asynchronous["variants"].values())
+    assert re.search(r"^async_generation \(max_staleness 1\) on cpu: [\d.]+ x sync's step time", run.stdout, re.M)
+
     assert set(result["strategies"]) == set(strategies)
     for name, entry in result["strategies"].items():
         assert entry["status"] == "ok", (name, entry)
