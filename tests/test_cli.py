@@ -29,7 +29,7 @@ def test_unknown_command_is_one_clear_error():
     result = run("fit")
     assert result.returncode == 1
     assert result.stderr.splitlines()[0] == (
-        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, record, serve."
+        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, record, serve, vllm-serve."
     )
 
 
@@ -59,7 +59,7 @@ def test_console_script_is_declared():
 
 def test_each_subcommand_names_itself_in_its_usage():
     """`sharpgrpo CMD --help` and its errors say `usage: sharpgrpo CMD`, the documented form (not a file name)."""
-    for command in ("eval", "compare", "plot", "tokens", "serve"):
+    for command in ("eval", "compare", "plot", "tokens", "serve", "vllm-serve"):
         result = run(command, "--help")
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: sharpgrpo {command} "), result.stdout.splitlines()[0]
