@@ -132,3 +132,35 @@ def test_two_steps_in_server_mode_and_the_server_follows_the_trainers_weights(ti
         assert all(math.isfinite(v) for v in numbers.values()), numbers
         # TRL's sampler-trainer gap on the sampled tokens, step 2 after the weights changed (measured: 6e-6)
         assert entry["sampling/sampling_logp_difference/max"] <= SYNC_TOLERANCE, entry
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_asynchronous_generation_with_the_server_as_rollout_engine(max_staleness, tiny_vllm_model, vllm_server,
+                                                                   tmp_path):
+    """``async_generation`` with the server generating ahead (``async_rollout/server.py``): every batch is generated
+    with weights at most ``max_staleness`` versions old, which the server's log-probabilities show. At staleness 0
+    the weights of each step reach the server before its batch (TRL's sampler-trainer gap stays at the float32 level,
+    as in synchronous server mode); at staleness 1 every batch after the first is one version old, and the gap is the
+    one step the policy moved since."""
+    config = tiny_config(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url=vllm_server,
+                         vllm_server_timeout=30, max_steps=3, temperature=1.0, async_generation=True,
+                         max_staleness=max_staleness)
+    trainer = make_trainer(tiny_vllm_model, config, reward_funcs=[binary_letters_reward])
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    print("staleness, gap per step:", [(e["async/staleness"], e["sampling/sampling_logp_difference/max"])
+                                       for e in logs])
+    assert len(logs) == 3 and trainer.state.global_step == 3
+    for entry in logs:
+        numbers = {k: v for k, v in entry.items() if isinstance(v, (int, float))}
+        assert all(math.isfinite(v) for v in numbers.values()), numbers
+    staleness = [entry["async/staleness"] for entry in logs]
+    gaps = [entry["sampling/sampling_logp_difference/max"] for entry in logs]
+    assert staleness[0] == 0 and gaps[0] <= SYNC_TOLERANCE  # the first batch: the initial weights, on demand
+    if max_staleness == 0:
+        assert staleness == [0, 0, 0]
+        assert max(gaps) <= SYNC_TOLERANCE  # each step's weights reached the server before its batch
+    else:
+        assert staleness[1:] == [1, 1]  # generated during the step before, with that step's weights
+        assert min(gaps[1:]) > 10 * SYNC_TOLERANCE  # sampled by the policy one version behind
+    trainer.rollout_func.close()

@@ -42,20 +42,6 @@ class RolloutProcessError(RuntimeError):
     """The rollout process died or failed a job."""
 
 
-def async_rollout_kwargs(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's keyword arguments with ``rollout_func`` set to a new :class:`AsyncRollouts` when
-    ``args.async_generation`` is on (a ``rollout_func`` of the caller's own is refused: one generation path)."""
-    if not getattr(args, "async_generation", False):
-        return kwargs
-    if kwargs.get("rollout_func") is not None:
-        raise ValueError("async_generation: generation runs in sharpgrpo's rollout process, so a rollout_func of your "
-                         "own cannot be used with it; drop one of them.")
-    if kwargs.get("tools") or kwargs.get("environment_factory") is not None:
-        raise ValueError("async_generation with tools or an environment_factory: the rollout process generates single "
-                         "turns; multi-turn rollouts run synchronously.")
-    return {**kwargs, "rollout_func": AsyncRollouts(args.max_staleness)}
-
-
 def predicted_prompts(trainer) -> Iterator[list[Any]]:
     """The prompts of the generation batches the trainer will ask for, in order (module docstring)."""
     from torch.utils.data import DataLoader
@@ -189,9 +175,12 @@ class AsyncRollouts:
             metrics["async/wait_seconds"].append(time.perf_counter() - started)
         wanted = capture_wanted(trainer)
         trainer._generation.captured = {key: value for key, value in result["captured"].items() if wanted.get(key)}
-        logps = result["captured"]["logps"]
+        logprobs = result.get("logprobs")  # a vLLM server's (``server.py``), else the rollout process's capture
+        if logprobs is None:
+            logps = result["captured"]["logps"]
+            logprobs = [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])]
         return {"prompt_ids": self._prompt_ids.pop(result["index"]), "completion_ids": result["completion_ids"],
-                "logprobs": [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])],
+                "logprobs": logprobs,
                 "policy_version": [result["version"]] * len(prompts)}  # TRL merges it into the rows (telemetry)
 
     def _on_demand(self, trainer, prompts: list[Any]) -> dict[str, Any]:
