@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -164,3 +166,27 @@ def test_asynchronous_generation_with_the_server_as_rollout_engine(max_staleness
         assert staleness[1:] == [1, 1]  # generated during the step before, with that step's weights
         assert min(gaps[1:]) > 10 * SYNC_TOLERANCE  # sampled by the policy one version behind
     trainer.rollout_func.close()
+
+
+def test_two_trainer_processes_train_against_one_server(tiny_vllm_model, vllm_server, tmp_path):
+    """Two processes (``accelerate launch``, gloo on the CPU) train 2 steps of the demo against the one server: the main
+    process gathers both processes' prompts, pushes the weights and asks the server (TRL's server mode on several
+    processes); after the first step's update the server samples with the trained weights (TRL's sampler-trainer gap at
+    the float32 level)."""
+    repo = Path(__file__).resolve().parents[2]
+    output = tmp_path / "run"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(repo / "configs/accelerate/multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no",
+               "--main_process_port", str(free_port()), "-m", "sharpgrpo.cli.train", "--config", "demo",
+               "--model_name_or_path", tiny_vllm_model, "--use_vllm", "true", "--vllm_mode", "server",
+               "--vllm_server_base_url", vllm_server, "--vllm_server_timeout", "30", "--temperature", "1.0",
+               "--max_steps", "2", "--output_dir", str(output)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    state = json.loads((output / "trainer_state.json").read_text())
+    logs = [entry for entry in state["log_history"] if "loss" in entry]
+    print("two processes, gap per step:", [entry.get("sampling/sampling_logp_difference/max") for entry in logs])
+    assert state["global_step"] == 2 and len(logs) == 2
+    assert all(math.isfinite(entry["loss"]) and math.isfinite(entry["reward"]) for entry in logs)
+    assert all(entry["sampling/sampling_logp_difference/max"] <= SYNC_TOLERANCE for entry in logs), logs
