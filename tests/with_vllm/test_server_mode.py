@@ -24,8 +24,7 @@ import pytest
 import requests
 import torch
 from helpers import binary_letters_reward, make_trainer, tiny_config
-from test_colocate_training import FIXED_TEXT, SYNC_TOLERANCE, policy_logps
-from transformers import TrainerCallback
+from test_colocate_training import FIXED_TEXT, SYNC_TOLERANCE, SyncProbe, policy_logps
 from vllm_marks import NEEDS_VLLM
 
 pytestmark = NEEDS_VLLM
@@ -88,27 +87,11 @@ def test_the_cpu_wheel_stops_plain_vllm_serve():
         metadata.version("vllm")
 
 
-def server_logps(client, ids: list[int]) -> torch.Tensor:
-    """log p(ids[t] | ids[:t]) for t >= 1 computed by the server (its prompt log-probabilities, temperature 1)."""
-    result = client.get_sequence_logprobs([ids], [1], top_logprobs=1)
+def server_logps(trainer, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) for t >= 1 computed by the trainer's server (its prompt log-probabilities, temperature
+    1)."""
+    result = trainer.vllm_generation.vllm_client.get_sequence_logprobs([ids], [1], top_logprobs=1)
     return torch.tensor([position[0] for position in result["actual_logprobs"][0]])
-
-
-class ServerSyncProbe(TrainerCallback):
-    """Per step: the policy's log-probabilities of the fixed text before the step (= what the step's sync pushed),
-    the server's at the end of the step, and the policy's after the optimizer step."""
-
-    def __init__(self, trainer, ids):
-        self.trainer, self.ids, self.records, self._before = trainer, ids, [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._before = policy_logps(self.trainer.model, self.ids)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        served = server_logps(self.trainer.vllm_generation.vllm_client, self.ids)
-        after = policy_logps(self.trainer.model, self.ids)
-        self.records.append({"synced_gap": (served - self._before).abs().max().item(),
-                             "stale_gap": (served - after).abs().max().item()})
 
 
 def test_two_steps_in_server_mode_and_the_server_follows_the_trainers_weights(tiny_vllm_model, vllm_server,
@@ -118,7 +101,7 @@ def test_two_steps_in_server_mode_and_the_server_follows_the_trainers_weights(ti
     trainer = make_trainer(tiny_vllm_model, config, reward_funcs=[binary_letters_reward])
     ids = trainer.processing_class(FIXED_TEXT)["input_ids"]
     initial = policy_logps(trainer.model, ids)
-    probe = ServerSyncProbe(trainer, ids)
+    probe = SyncProbe(trainer, ids, engine_logps=server_logps)
     trainer.add_callback(probe)
     trainer.train()
     print("server sync probe per step:", probe.records)
