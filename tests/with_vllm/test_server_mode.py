@@ -110,6 +110,12 @@ def test_two_steps_in_server_mode_and_the_server_follows_the_trainers_weights(ti
     for step, record in enumerate(probe.records):
         assert record["synced_gap"] <= SYNC_TOLERANCE, (step, record)  # the sync reached the server
         assert record["stale_gap"] > 10 * SYNC_TOLERANCE, (step, record)  # the step moved the policy past it
+    client = trainer.vllm_generation.vllm_client
+    if client.weight_dir is not None:  # the sharpgrpo_file engine (no CUDA): each update's file is gone after it
+        assert client.weight_dir.is_dir() and not any(client.weight_dir.iterdir())
+        weight_dir = client.weight_dir
+        client.close_communicator()
+        assert not weight_dir.exists()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logs) == 2
     for entry in logs:

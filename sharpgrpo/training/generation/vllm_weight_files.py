@@ -28,6 +28,7 @@ is :class:`FileWeightTransferClient`, TRL's ``VLLMClient`` with the same interfa
 
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -133,6 +134,7 @@ def file_weight_transfer_client_class():
                 return super().init_communicator(device)
             self.weight_dir = Path(tempfile.mkdtemp(prefix="sharpgrpo-weights-", dir=weight_file_dir()))
             self._post(f"{self.base_url}/init_weight_transfer_engine", json={"init_info": {}})
+            atexit.register(self.close_communicator)  # the folder goes at exit, as TRL closes its NCCL group
             return None
 
         def update_named_params(self, metadata, named_params):
