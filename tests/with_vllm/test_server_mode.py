@@ -179,3 +179,28 @@ def test_two_trainer_processes_train_against_one_server(tiny_vllm_model, vllm_se
     assert state["global_step"] == 2 and len(logs) == 2
     assert all(math.isfinite(entry["loss"]) and math.isfinite(entry["reward"]) for entry in logs)
     assert all(entry["sampling/sampling_logp_difference/max"] <= SYNC_TOLERANCE for entry in logs), logs
+
+
+@pytest.mark.parametrize("strategies", [["thr"], ["grpo_sg", "rollout_correction"]])
+def test_strategies_train_asynchronously_with_the_server(strategies, tiny_vllm_model, vllm_server, tmp_path):
+    """A strategy that reads hidden states (``thr``: the server returns none, the trainer's forward computes them) and a
+    weight strategy with the decoupled rollout correction of the one-version staleness train 2 asynchronous steps
+    against the server, with finite metrics; the correction acts on the stale step."""
+    from test_colocate_training import settings_for
+
+    config = tiny_config(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url=vllm_server,
+                         vllm_server_timeout=30, max_steps=2, temperature=1.0, async_generation=True,
+                         max_staleness=1, strategies=strategies, **settings_for(strategies, tiny_vllm_model))
+    trainer = make_trainer(tiny_vllm_model, config, reward_funcs=[binary_letters_reward])
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["async/staleness"] for entry in logs] == [0.0, 1.0]
+    for entry in logs:
+        numbers = {k: v for k, v in entry.items() if isinstance(v, (int, float))}
+        assert all(math.isfinite(v) for v in numbers.values()), numbers
+    if "rollout_correction" in strategies:
+        kl = [entry["rollout_corr/kl"] for entry in logs]
+        print("rollout_corr/kl per step:", kl)
+        # float32 server with the same weights (measured 1e-7), then one version behind (measured 2.5e-3)
+        assert abs(kl[0]) < 1e-5 and abs(kl[1]) > 1e-4
+    trainer.rollout_func.close()
