@@ -80,6 +80,7 @@ class AsyncRollouts:
     call, which has the trainer."""
 
     samples_trained_model = True  # its values are the trained policy's (``refuse_unavailable_sampling_entropy``)
+    engine = "the rollout process"  # named in its errors
 
     def __init__(self, max_staleness: int):
         self.max_staleness = max_staleness
@@ -149,11 +150,11 @@ class AsyncRollouts:
             except Exception:  # queue.Empty: still generating, unless the process is gone
                 if not self._process.is_alive():
                     raise RolloutProcessError(
-                        f"async_generation: the rollout process exited (code {self._process.exitcode}) before "
+                        f"async_generation: {self.engine} exited (code {self._process.exitcode}) before "
                         "returning a batch; the trainer stops here.") from None
                 continue
             if "error" in result:
-                raise RolloutProcessError(f"async_generation: the rollout process failed: {result['error']}\n"
+                raise RolloutProcessError(f"async_generation: {self.engine} failed: {result['error']}\n"
                                           f"{result['traceback']}")
             if result["index"] == index:
                 return result

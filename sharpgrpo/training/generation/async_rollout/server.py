@@ -79,6 +79,8 @@ class ServerRolloutThread(threading.Thread):
 class ServerAsyncRollouts(AsyncRollouts):
     """``AsyncRollouts`` whose rollout engine is a vLLM server asked by :class:`ServerRolloutThread`."""
 
+    engine = "the thread asking the vLLM server"
+
     def _start(self, trainer) -> None:
         check_async_launch(trainer.accelerator.num_processes,
                            hasattr(trainer.accelerator.unwrap_model(trainer.model), "get_base_model"))
