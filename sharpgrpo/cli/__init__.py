@@ -23,7 +23,8 @@ COMMANDS = {
     "tokens": ("sharpgrpo.cli.tokens", "per-token weights and advantages of a run's completions"),
     "record": ("sharpgrpo.cli.record", "a run's record (config, versions, commit, machine), or two runs' differences"),
     "serve": ("sharpgrpo.search.server", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
-    "vllm-serve": ("sharpgrpo.cli.vllm_serve", "serve a model with vLLM for vllm_mode: server (trl vllm-serve's options)"),
+    "vllm-serve": ("sharpgrpo.cli.vllm_serve", "serve a model with vLLM for vllm_mode: server (trl vllm-serve's "
+                                               "options)"),
 }
 
 

@@ -1,8 +1,9 @@
 """``sharpgrpo vllm-serve``: TRL's ``trl vllm-serve`` (the same options), started so that it also runs on vLLM's CPU
 build and can take the trainer's weights there.
 
-TRL's command builds a ``vllm serve`` command line with the settings its trainers rely on (``trl/scripts/vllm_serve.py``,
-``build_command``: processed log-probabilities, no log-probability cap, the weight-transfer endpoints) and runs it.
+TRL's command builds a ``vllm serve`` command line with the settings its trainers rely on
+(``trl/scripts/vllm_serve.py``, ``build_command``: processed log-probabilities, no log-probability cap, the
+weight-transfer endpoints) and runs it.
 This one builds the same command line and runs vLLM's command line in this process after two things, each a no-op on
 a CUDA machine with PyPI's ``vllm``:
 

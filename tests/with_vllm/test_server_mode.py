@@ -158,8 +158,8 @@ def test_asynchronous_generation_with_the_server_as_rollout_engine(max_staleness
 
 
 def test_two_trainer_processes_train_against_one_server(tiny_vllm_model, vllm_server, tmp_path):
-    """Two processes (``accelerate launch``, gloo on the CPU) train 2 steps of the demo against the one server: the main
-    process gathers both processes' prompts, pushes the weights and asks the server (TRL's server mode on several
+    """Two processes (``accelerate launch``, gloo on the CPU) train 2 steps of the demo against the one server: the
+    main process gathers both processes' prompts, pushes the weights and asks the server (TRL's server mode on several
     processes); after the first step's update the server samples with the trained weights (TRL's sampler-trainer gap at
     the float32 level)."""
     repo = Path(__file__).resolve().parents[2]
@@ -183,8 +183,8 @@ def test_two_trainer_processes_train_against_one_server(tiny_vllm_model, vllm_se
 
 @pytest.mark.parametrize("strategies", [["thr"], ["grpo_sg", "rollout_correction"]])
 def test_strategies_train_asynchronously_with_the_server(strategies, tiny_vllm_model, vllm_server, tmp_path):
-    """A strategy that reads hidden states (``thr``: the server returns none, the trainer's forward computes them) and a
-    weight strategy with the decoupled rollout correction of the one-version staleness train 2 asynchronous steps
+    """A strategy that reads hidden states (``thr``: the server returns none, the trainer's forward computes them) and
+    a weight strategy with the decoupled rollout correction of the one-version staleness train 2 asynchronous steps
     against the server, with finite metrics; the correction acts on the stale step."""
     from test_colocate_training import settings_for
 

@@ -7,7 +7,7 @@ of the installed trl 1.16.0) only warns; an unreachable server is found after th
 starts (vLLM's ``ModelConfig``: "Sleep mode is not supported on current platform"); and a server without a
 weight-transfer engine, or without the development endpoints TRL pushes weights through, is found after the model
 loaded (``VLLMClient.init_communicator``, ``trl/generation/vllm_client.py`` lines 726-775), as is an NCCL server on a
-trainer without CUDA (TRL refuses any other device, line 757). Without CUDA the server must run the ``sharpgrpo_file``
+trainer without CUDA (TRL refuses any other device, line 756). Without CUDA the server must run the ``sharpgrpo_file``
 engine (``vllm_weight_files``), which ``sharpgrpo vllm-serve`` starts there.
 """
 

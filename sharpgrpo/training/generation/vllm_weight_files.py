@@ -1,13 +1,13 @@
 """Weights to a vLLM server without CUDA: the ``sharpgrpo_file`` weight-transfer engine, both of its sides.
 
-Why a new engine. TRL 1.16 pushes the policy to a ``vllm serve`` server only through vLLM's NCCL weight-transfer engine
-(``VLLMClient.init_communicator``, ``trl/generation/vllm_client.py`` lines 726-775, refuses any device but CUDA, line
-757). vLLM 0.31 registers its engines by name (``vllm/distributed/weight_transfer/factory.py``: ``nccl``, ``ipc``,
-``sparse_nccl``, ``sharded_rdt``, ``nccl_m2n``) and none of them runs on its CPU backend: NCCL needs CUDA; ``ipc``
-shares CUDA tensors (``ipc_engine.py``: ``rebuild_cuda_tensor``, ``torch.cuda.get_device_properties``, line 223);
-and every engine inherits ``WeightTransferEngine.update_weights`` (``base.py`` line 491), which ends with
-``torch.accelerator.synchronize()`` (line 502), an error on a machine without an accelerator ("Cannot access
-accelerator device when none is available").
+Why a new engine. TRL 1.16 pushes the policy to a ``vllm serve`` server only through vLLM's NCCL weight-transfer
+engine (``VLLMClient.init_communicator``, ``trl/generation/vllm_client.py`` lines 726-775, refuses any device but
+CUDA at line 756). vLLM 0.31 registers its engines by name (``vllm/distributed/weight_transfer/factory.py``:
+``nccl``, ``ipc``, ``sparse_nccl``, ``sharded_rdt``, ``nccl_m2n``) and none of them runs on its CPU backend: NCCL
+needs CUDA; ``ipc`` shares CUDA tensors (``ipc_engine.py``: ``rebuild_cuda_tensor``,
+``torch.cuda.get_device_properties``, line 223); and every engine inherits ``WeightTransferEngine.update_weights``
+(``base.py`` line 491), which ends with ``torch.accelerator.synchronize()`` (line 502), an error on a machine without
+an accelerator ("Cannot access accelerator device when none is available").
 
 The engine. The trainer writes the tensors TRL would broadcast into one safetensors file in shared memory
 (``/dev/shm`` where it exists) and posts its path through the same endpoints TRL's NCCL path uses

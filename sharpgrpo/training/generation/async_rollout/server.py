@@ -3,17 +3,18 @@ vllm_mode: server``).
 
 The server already generates in a process of its own; what it needs to run ahead of the trainer is someone to ask it.
 That is a thread of the trainer's process (:class:`ServerRolloutThread`) which takes, in order, two kinds of work from
-one queue: *weights* (a copy of the policy's tensors, taken by the trainer when TRL syncs, ``VLLMGeneration.sync_weights``
-being replaced by :meth:`ServerAsyncRollouts.enqueue_weights`) and *jobs* (a generation batch's prompts). It pushes
-weights through TRL's client (``VLLMClient.update_named_params``: NCCL with CUDA, the ``sharpgrpo_file`` engine
+one queue: *weights* (a copy of the policy's tensors, taken by the trainer when TRL syncs,
+``VLLMGeneration.sync_weights`` being replaced by :meth:`ServerAsyncRollouts.enqueue_weights`; TRL syncs before each
+``rollout_func`` call, ``trl/trainer/grpo_trainer.py`` lines 2200-2204) and *jobs* (a generation batch's prompts). It
+pushes weights through TRL's client (``VLLMClient.update_named_params``: NCCL with CUDA, the ``sharpgrpo_file`` engine
 without it, ``vllm_weight_files``) and generates through the same client with TRL's sampling parameters
 (``VLLMGeneration.generate``, server branch, ``trl/generation/vllm_generation.py`` lines 616-631), so a job queued
 after the weights of version v is generated with them: the bound of ``client.AsyncRollouts`` holds as with the
-transformers rollout process, and weights never change on the server while it generates a batch. The server's
-sampling log-probabilities come back as the rollout's ``logprobs`` (TRL's ``sampling_per_token_logps``); nothing is
-captured from decoding steps (as with synchronous vLLM), so strategies that need hidden states or entropies compute
-them with the trainer's forward. Each job samples with a seed of its own (``vllm_seeding.server_request_seed`` of its
-index), as the synchronous server mode seeds each generation batch.
+transformers rollout process, and weights never change on the server while it generates a batch. The server's sampling
+log-probabilities come back as the rollout's ``logprobs`` (TRL's ``sampling_per_token_logps``); nothing is captured
+from decoding steps (as with synchronous vLLM), so strategies that need hidden states or entropies compute them with
+the trainer's forward. Each job samples with a seed of its own (``vllm_seeding.server_request_seed`` of its index), as
+the synchronous server mode seeds each generation batch.
 """
 
 from __future__ import annotations
