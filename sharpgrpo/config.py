@@ -132,7 +132,8 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
     # Asynchronous generation (docs/methods.md §20).
     async_generation: bool = param(
         False,
-        "Generate in a rollout process of its own while the trainer trains: the next generation batches (at most "
+        "Generate in a rollout process of its own (with `use_vllm` and `vllm_mode: server`, the vLLM server) while "
+        "the trainer trains: the next generation batches (at most "
         "`max_staleness` ahead) are generated with weights published at each generation batch; the sampling "
         "log-probabilities reach the loss as `sampling_per_token_logps` for the rollout corrections. docs/methods.md "
         "§20.",

@@ -32,7 +32,7 @@ from sharpgrpo.models.source import record_base_model
 from sharpgrpo.run.lifecycle import LifecycleCallback, resolve_resume_checkpoint, warn_if_off_boundary
 from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord, advantage_pipeline, row_verdicts
 from sharpgrpo.training.generation.advantage_pipeline import tag_groups
-from sharpgrpo.training.generation.async_rollout.client import async_rollout_kwargs
+from sharpgrpo.training.generation.async_rollout.rollout_func import async_rollout_kwargs
 from sharpgrpo.training.generation.capture import GenerationCapture
 from sharpgrpo.training.generation.dynamic_sampling import dynamic_sampler, generate_batch, needs_verdicts
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts

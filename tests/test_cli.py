@@ -29,7 +29,7 @@ def test_unknown_command_is_one_clear_error():
     result = run("fit")
     assert result.returncode == 1
     assert result.stderr.splitlines()[0] == (
-        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, record, serve."
+        "error: unknown command 'fit'; must be one of train, eval, compare, plot, tokens, record, serve, vllm-serve."
     )
 
 
@@ -59,7 +59,7 @@ def test_console_script_is_declared():
 
 def test_each_subcommand_names_itself_in_its_usage():
     """`sharpgrpo CMD --help` and its errors say `usage: sharpgrpo CMD`, the documented form (not a file name)."""
-    for command in ("eval", "compare", "plot", "tokens", "serve"):
+    for command in ("eval", "compare", "plot", "tokens", "serve", "vllm-serve"):
         result = run(command, "--help")
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: sharpgrpo {command} "), result.stdout.splitlines()[0]
@@ -101,3 +101,26 @@ def test_the_tiny_model_says_when_it_is_built(tmp_path):
     notices = [line for line in first.stderr.splitlines() if line.startswith("[sharpgrpo] building sharpgrpo-tiny")]
     assert len(notices) == 1 and str(tmp_path) in notices[0]
     assert "[sharpgrpo] building" not in again.stderr  # built once, then reused silently
+
+
+def test_vllm_serve_is_trls_command_with_the_weight_transfer_of_the_machine():
+    """`sharpgrpo vllm-serve` builds TRL's `vllm serve` command line from the same options; only without CUDA is the
+    weight-transfer engine sharpgrpo's file engine instead of TRL's NCCL (the command line is built, nothing is
+    served)."""
+    import json
+
+    from trl.scripts.vllm_serve import build_command, make_parser
+
+    from sharpgrpo.cli.vllm_serve import vllm_serve_argv
+
+    argv = ["--model", "org/some-model", "--port", "8011", "--dtype", "float32", "--max-num-seqs", "4"]
+    script_args, extra_args = make_parser().parse_args_and_config(args=argv, return_remaining_strings=True)
+    trl_command = build_command(script_args, extra_args)
+    trl_serve = trl_command[trl_command.index("serve"):]
+    assert vllm_serve_argv(argv, cuda_available=True) == trl_serve
+    on_cpu = vllm_serve_argv(argv, cuda_available=False)
+    changed = [index for index, (ours, trls) in enumerate(zip(on_cpu, trl_serve, strict=True)) if ours != trls]
+    assert [trl_serve[index - 1] for index in changed] == ["--weight-transfer-config"]
+    assert json.loads(trl_serve[changed[0]]) == {"backend": "nccl"}
+    assert json.loads(on_cpu[changed[0]]) == {"backend": "sharpgrpo_file"}
+    assert on_cpu[-2:] == ["--max-num-seqs", "4"]  # vLLM's own options pass through

@@ -136,6 +136,8 @@ CASES = [
     ("serve mistyped", lambda i: ["serve", "--corpus", "x.jsonl", "--prot", "1"], ["--prot", "--port"]),
     ("serve port file folder", lambda i: ["serve", "--corpus", str(i["tmp"] / "prompts.txt"), "--port_file",
                                           str(i["tmp"] / "no_folder" / "port")], ["--port_file", "no_folder", "does not exist"]),
+    # vllm-serve (TRL's vllm-serve options; the model folder is checked before vLLM is looked for)
+    ("vllm-serve model folder", lambda i: ["vllm-serve", "--model", str(i["tmp"] / "no_model")], ["no_model"]),
 ]
 
 

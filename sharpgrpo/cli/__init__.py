@@ -1,11 +1,12 @@
-"""One command line for everything: ``sharpgrpo train|eval|compare|plot|tokens|record|serve [ARGS...]``.
+"""One command line for everything: ``sharpgrpo train|eval|compare|plot|tokens|record|serve|vllm-serve [ARGS...]``.
 
 Each subcommand runs its module exactly as ``python -m MODULE ARGS...`` would (``runpy``, as ``__main__``), so
 arguments, exit codes and one-line errors are the module's own; ``sharpgrpo SUBCOMMAND --help`` shows its options.
 ``train``, ``eval``, ``compare``, ``plot``, ``tokens`` and ``record`` are the modules beside this one
 (``sharpgrpo.cli.train`` ...; the repository's ``train.py`` is a thin script over ``sharpgrpo.cli.train``); ``serve`` is
 ``sharpgrpo.search.server`` (the search setting keeps its command line: nothing outside ``sharpgrpo.search``
-imports it). ``python -m sharpgrpo SUBCOMMAND`` is the same as ``sharpgrpo SUBCOMMAND``.
+imports it); ``vllm-serve`` is ``sharpgrpo.cli.vllm_serve`` (TRL's ``trl vllm-serve``, also on vLLM's CPU
+build). ``python -m sharpgrpo SUBCOMMAND`` is the same as ``sharpgrpo SUBCOMMAND``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ COMMANDS = {
     "tokens": ("sharpgrpo.cli.tokens", "per-token weights and advantages of a run's completions"),
     "record": ("sharpgrpo.cli.record", "a run's record (config, versions, commit, machine), or two runs' differences"),
     "serve": ("sharpgrpo.search.server", "serve a Search-R1 corpus for retrieval (BM25 or dense)"),
+    "vllm-serve": ("sharpgrpo.cli.vllm_serve", "serve a model with vLLM for vllm_mode: server (trl vllm-serve's "
+                                               "options)"),
 }
 
 

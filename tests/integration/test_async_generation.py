@@ -94,7 +94,7 @@ def test_max_staleness_without_async_generation_is_said_once(tmp_path):
 @pytest.mark.parametrize("overrides, named", [
     (dict(async_generation=True, max_staleness=-1), "max_staleness"),
     (dict(async_generation=True, dynamic_sampling=True), "dynamic_sampling"),
-    (dict(async_generation=True, use_vllm=True), "use_vllm"),
+    (dict(async_generation=True, use_vllm=True, vllm_mode="colocate"), "vllm_mode='colocate'"),
 ])
 def test_settings_it_cannot_serve_are_refused_in_one_line(tmp_path, overrides, named):
     with pytest.raises(ConfigError) as error:

@@ -47,16 +47,18 @@ def vllm_logps(llm, ids: list[int]) -> torch.Tensor:
 
 class SyncProbe(TrainerCallback):
     """Per step: the policy's log-probabilities of the fixed text before the step (= what the step's sync pushed),
-    vLLM's at the end of the step, and the policy's after the optimizer step."""
+    vLLM's at the end of the step (``engine_logps(trainer, ids)``; default: the colocated engine's), and the policy's
+    after the optimizer step."""
 
-    def __init__(self, trainer, ids):
+    def __init__(self, trainer, ids, engine_logps=None):
         self.trainer, self.ids, self.records, self._before = trainer, ids, [], None
+        self.engine_logps = engine_logps or (lambda trainer, ids: vllm_logps(trainer.vllm_generation.llm, ids))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._before = policy_logps(self.trainer.model, self.ids)
 
     def on_step_end(self, args, state, control, **kwargs):
-        engine = vllm_logps(self.trainer.vllm_generation.llm, self.ids)
+        engine = self.engine_logps(self.trainer, self.ids)
         after = policy_logps(self.trainer.model, self.ids)
         self.records.append({"synced_gap": (engine - self._before).abs().max().item(),
                              "stale_gap": (engine - after).abs().max().item()})

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -52,13 +56,64 @@ def test_a_vllm_inside_trls_range_passes(monkeypatch, version):
     vllm_checks.check_vllm_request(vllm_args(), cuda_available=True)
 
 
-def test_sleep_mode_and_server_mode_without_cuda(monkeypatch):
+def test_sleep_mode_without_cuda(monkeypatch):
     monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: "0.31.0")
     message = refusal(lambda: vllm_checks.check_vllm_request(vllm_args(vllm_enable_sleep_mode=True),
                                                                cuda_available=False))
     assert message.startswith("vllm_enable_sleep_mode=True")
-    message = refusal(lambda: vllm_checks.check_vllm_request(vllm_args(vllm_mode="server"), cuda_available=False))
-    assert message.startswith("vllm_mode='server' needs CUDA")
+
+
+@contextmanager
+def answering_server(server_info: dict | None):
+    """An HTTP server on a free port that answers ``/health`` and ``/server_info`` as a vLLM server does: the
+    resolved config (``{"vllm_config": ...}``) in development mode, 404 without it (``server_info=None``). The
+    server's own answers are tested for real in test_server_mode.py."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = self.path.split("?")[0]
+            if path == "/server_info" and server_info is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            body = json.dumps({"vllm_config": server_info} if path == "/server_info" else {}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("server_info, cuda, expected", [
+    (None, False, "has no weight-update endpoints (it runs without VLLM_SERVER_DEV_MODE=1)"),
+    ({"weight_transfer_config": None}, True, "has no weight-transfer engine"),
+    ({"weight_transfer_config": {"backend": "nccl"}}, False, "takes weights through 'nccl', which needs CUDA"),
+])
+def test_a_server_the_trainer_cannot_push_weights_to(monkeypatch, server_info, cuda, expected):
+    monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: "0.31.0")
+    with answering_server(server_info) as url:
+        message = refusal(lambda: vllm_checks.check_vllm_request(
+            vllm_args(vllm_mode="server", vllm_server_base_url=url, vllm_server_timeout=5), cuda_available=cuda))
+    assert message.startswith(f"vllm_mode='server': the vLLM server at {url} {expected}")
+    assert "sharpgrpo vllm-serve --model <model>" in message
+
+
+def test_an_nccl_server_passes_with_cuda(monkeypatch):
+    monkeypatch.setattr(vllm_checks, "installed_vllm_version", lambda: "0.31.0")
+    with answering_server({"weight_transfer_config": {"backend": "nccl"}}) as url:
+        vllm_checks.check_vllm_request(vllm_args(vllm_mode="server", vllm_server_base_url=url,
+                                                 vllm_server_timeout=5), cuda_available=True)
 
 
 def free_port() -> int:

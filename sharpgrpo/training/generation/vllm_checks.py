@@ -4,9 +4,11 @@ TRL 1.16 finds these late or not at all: a missing vLLM fails inside ``GRPOTrain
 a vLLM outside the range TRL supports (0.22.0 to 0.31.0, ``trl/import_utils.py`` ``is_vllm_available``, lines 101-113
 of the installed trl 1.16.0) only warns; an unreachable server is found after the model loaded, after
 ``vllm_server_timeout`` seconds (``VLLMClient.check_server``); sleep mode on vLLM's CPU backend fails when the engine
-starts (vLLM's ``ModelConfig``: "Sleep mode is not supported on current platform"); and server mode on a machine
-without CUDA fails after the model loaded, since TRL pushes weights to the server only through vLLM's NCCL
-weight-transfer engine (``VLLMClient.init_communicator``, ``trl/generation/vllm_client.py`` lines 726-775).
+starts (vLLM's ``ModelConfig``: "Sleep mode is not supported on current platform"); and a server without a
+weight-transfer engine, or without the development endpoints TRL pushes weights through, is found after the model
+loaded (``VLLMClient.init_communicator``, ``trl/generation/vllm_client.py`` lines 726-775), as is an NCCL server on a
+trainer without CUDA (TRL refuses any other device, line 756). Without CUDA the server must run the ``sharpgrpo_file``
+engine (``vllm_weight_files``), which ``sharpgrpo vllm-serve`` starts there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from packaging.version import Version
 
 from sharpgrpo.models.vllm_cpu import guard_kernel_rebinding
 from sharpgrpo.training.generation.vllm_seeding import refuse_vllm_request_seed
+from sharpgrpo.training.generation.vllm_weight_files import (
+    FILE_BACKEND,
+    server_weight_transfer_backend,
+    use_file_weight_transfer_client,
+)
 from sharpgrpo.validation import ConfigError
 
 TRL_VLLM_RANGE = ("0.22.0", "0.31.0")  # trl/import_utils.py is_vllm_available (trl 1.16.0)
@@ -61,7 +68,9 @@ def wait_for_vllm_server(url: str, timeout: float, interval: float = 1.0) -> boo
 def check_vllm_request(args, cuda_available: bool | None = None) -> None:
     """Refuse ``use_vllm=True`` where it cannot work (module docstring) or with a fixed sampling ``seed`` in colocate
     mode (``vllm_seeding.refuse_vllm_request_seed``), before the model loads; in colocate mode, guard the engine's
-    start in this process (``sharpgrpo.models.vllm_cpu.guard_kernel_rebinding``)."""
+    start in this process (``sharpgrpo.models.vllm_cpu.guard_kernel_rebinding``); in server mode with a
+    ``sharpgrpo_file`` server, have TRL build the client that sends it weights
+    (``vllm_weight_files.use_file_weight_transfer_client``)."""
     if not getattr(args, "use_vllm", False):
         return
     refuse_vllm_request_seed(args)
@@ -82,13 +91,32 @@ def check_vllm_request(args, cuda_available: bool | None = None) -> None:
         raise ConfigError("vllm_enable_sleep_mode=True: vLLM's sleep mode needs a GPU (vLLM refuses it on its CPU "
                           "backend); set it to false.")
     if args.vllm_mode == "server":
-        if not cuda_available:
-            raise ConfigError("vllm_mode='server' needs CUDA: TRL 1.16 sends the policy's weights to the server only "
-                              "through vLLM's NCCL weight-transfer engine; on a CPU-only machine use "
-                              "vllm_mode='colocate'.")
         url = vllm_server_url(args)
         if not wait_for_vllm_server(url, args.vllm_server_timeout):
             setting = "vllm_server_base_url" if args.vllm_server_base_url else "vllm_server_host/vllm_server_port"
             raise ConfigError(f"{setting}: no vLLM server answers at {url}/health within vllm_server_timeout="
-                              f"{args.vllm_server_timeout:g} s; start one with `trl vllm-serve --model <model>` "
+                              f"{args.vllm_server_timeout:g} s; start one with `sharpgrpo vllm-serve --model <model>` "
                               "or fix the address.")
+        if check_server_weight_transfer(url, cuda_available) == FILE_BACKEND:
+            use_file_weight_transfer_client()
+
+
+def check_server_weight_transfer(url: str, cuda_available: bool) -> str:
+    """The weight-transfer engine the server at ``url`` runs (its ``/server_info``), refusing one the trainer cannot
+    push weights through: none, no development endpoints, or NCCL on a trainer without CUDA (module docstring)."""
+    import requests
+
+    restart = "restart it with `sharpgrpo vllm-serve --model <model>`"
+    response = requests.get(f"{url}/server_info", params={"config_format": "json"}, timeout=30)
+    if response.status_code == 404:
+        raise ConfigError(f"vllm_mode='server': the vLLM server at {url} has no weight-update endpoints (it runs "
+                          f"without VLLM_SERVER_DEV_MODE=1); {restart}.")
+    response.raise_for_status()
+    backend = server_weight_transfer_backend(response.json()["vllm_config"])
+    if backend is None:
+        raise ConfigError(f"vllm_mode='server': the vLLM server at {url} has no weight-transfer engine, so it could "
+                          f"never generate with the trained weights; {restart}.")
+    if not cuda_available and backend != FILE_BACKEND:
+        raise ConfigError(f"vllm_mode='server': the vLLM server at {url} takes weights through {backend!r}, which "
+                          f"needs CUDA on the trainer; without CUDA {restart} (weight transfer '{FILE_BACKEND}').")
+    return backend

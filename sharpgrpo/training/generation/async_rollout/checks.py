@@ -14,8 +14,9 @@ def check_async_config(args: Any) -> None:
     if not args.async_generation:
         return
     refused = [
-        (args.use_vllm, "use_vllm: the rollout process generates with transformers; vLLM's server path is not "
-                        "built yet"),
+        (args.use_vllm and args.vllm_mode != "server",
+         f"vllm_mode={args.vllm_mode!r}: a colocated engine generates only when the trainer does; use "
+         "vllm_mode='server' (a vLLM server generates ahead) or leave use_vllm off (a rollout process of its own)"),
         (args.dynamic_sampling, "dynamic_sampling: its refill rounds generate prompts the read-ahead cannot know"),
         (bool(args.deepspeed) or bool(args.fsdp), "DeepSpeed or FSDP: the rollout process takes the weights of one "
                                                   "unsharded policy"),

@@ -42,20 +42,6 @@ class RolloutProcessError(RuntimeError):
     """The rollout process died or failed a job."""
 
 
-def async_rollout_kwargs(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's keyword arguments with ``rollout_func`` set to a new :class:`AsyncRollouts` when
-    ``args.async_generation`` is on (a ``rollout_func`` of the caller's own is refused: one generation path)."""
-    if not getattr(args, "async_generation", False):
-        return kwargs
-    if kwargs.get("rollout_func") is not None:
-        raise ValueError("async_generation: generation runs in sharpgrpo's rollout process, so a rollout_func of your "
-                         "own cannot be used with it; drop one of them.")
-    if kwargs.get("tools") or kwargs.get("environment_factory") is not None:
-        raise ValueError("async_generation with tools or an environment_factory: the rollout process generates single "
-                         "turns; multi-turn rollouts run synchronously.")
-    return {**kwargs, "rollout_func": AsyncRollouts(args.max_staleness)}
-
-
 def predicted_prompts(trainer) -> Iterator[list[Any]]:
     """The prompts of the generation batches the trainer will ask for, in order (module docstring)."""
     from torch.utils.data import DataLoader
@@ -94,6 +80,7 @@ class AsyncRollouts:
     call, which has the trainer."""
 
     samples_trained_model = True  # its values are the trained policy's (``refuse_unavailable_sampling_entropy``)
+    engine = "the rollout process"  # named in its errors
 
     def __init__(self, max_staleness: int):
         self.max_staleness = max_staleness
@@ -163,11 +150,11 @@ class AsyncRollouts:
             except Exception:  # queue.Empty: still generating, unless the process is gone
                 if not self._process.is_alive():
                     raise RolloutProcessError(
-                        f"async_generation: the rollout process exited (code {self._process.exitcode}) before "
+                        f"async_generation: {self.engine} exited (code {self._process.exitcode}) before "
                         "returning a batch; the trainer stops here.") from None
                 continue
             if "error" in result:
-                raise RolloutProcessError(f"async_generation: the rollout process failed: {result['error']}\n"
+                raise RolloutProcessError(f"async_generation: {self.engine} failed: {result['error']}\n"
                                           f"{result['traceback']}")
             if result["index"] == index:
                 return result
@@ -189,9 +176,12 @@ class AsyncRollouts:
             metrics["async/wait_seconds"].append(time.perf_counter() - started)
         wanted = capture_wanted(trainer)
         trainer._generation.captured = {key: value for key, value in result["captured"].items() if wanted.get(key)}
-        logps = result["captured"]["logps"]
+        logprobs = result.get("logprobs")  # a vLLM server's (``server.py``), else the rollout process's capture
+        if logprobs is None:
+            logps = result["captured"]["logps"]
+            logprobs = [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])]
         return {"prompt_ids": self._prompt_ids.pop(result["index"]), "completion_ids": result["completion_ids"],
-                "logprobs": [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])],
+                "logprobs": logprobs,
                 "policy_version": [result["version"]] * len(prompts)}  # TRL merges it into the rows (telemetry)
 
     def _on_demand(self, trainer, prompts: list[Any]) -> dict[str, Any]:
