@@ -73,6 +73,8 @@ class GenerationBatch:
         extras: name -> (B, T) tensor, the extra per-token inputs the strategies name in ``needs_inputs`` (e.g. a
             teacher's log-probabilities), each supplied at generation by a registered generation input
             (``sharpgrpo.training.generation.inputs``); empty when none is needed.
+        step: the optimizer steps the trainer had completed when the batch was generated (TRL's
+            ``state.global_step``): the batch first trains at step ``step + 1`` (a schedule such as RLSD's lambda).
     """
 
     old_logps: torch.Tensor | None
@@ -89,6 +91,7 @@ class GenerationBatch:
     correct: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
     extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
 
 
 def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:

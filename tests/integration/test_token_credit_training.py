@@ -100,6 +100,43 @@ def test_generation_batch_advantages_are_rlsds(tiny_model_path, tmp_path):
 
 
 @pytest.mark.slow
+def test_rlsd_schedule_and_thought_span_in_the_trainer(tiny_model_path, tmp_path):
+    """A batch generated after 29 optimizer steps with the released script's decay over 60 steps trains at lambda
+    0.5 (1 - 30/60) = 0.25 (the reweighting at that lambda, float32 output), only inside the thought span the
+    generation input found with the real tokenizer; the input matches the tags' own token ids in a completion."""
+    from sharpgrpo.data.demo import demo_dataset
+    from sharpgrpo.strategies.distillation import rlsd_advantages
+
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["rlsd"], rlsd_lambda_decay_steps=60,
+                               rlsd_thought_only=True, rlsd_thought_tags="<think> </think>")
+    tokenizer = trainer.processing_class
+    opening, closing = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<think>", "</think>"))
+    ids = torch.tensor([[3] + opening + [4, 5, 6] + closing + [7], [3] + opening + [5] * (4 + len(closing))])
+    span = trainer._input_providers["rlsd_thought_span"]({"completion_ids": ids, "completion_mask": torch.ones_like(ids)})
+    start = 1 + len(opening)
+    assert span[0].tolist() == [0.0] * start + [1.0] * 3 + [0.0] * (len(closing) + 1)
+    assert span[1].tolist() == [0.0] * start + [1.0] * (4 + len(closing))  # open to the end
+
+    seen = {}
+    rlsd = trainer.advantage_strategies[0]
+    original = rlsd.token_advantages
+    rlsd.token_advantages = lambda batch: seen.setdefault("batch", batch) and original(batch)
+    trainer.state.global_step = 29
+    torch.manual_seed(1)
+    output = trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+    batch = seen["batch"]
+    assert batch.step == 29
+    teacher = torch.nan_to_num(batch.extras["self_teacher_logps"].double())
+    rows = torch.isfinite(batch.extras["self_teacher_logps"]).any(dim=1)
+    mask = output["completion_mask"].double()
+    span = batch.extras["rlsd_thought_span"].double()
+    expected, _, _ = rlsd_advantages(batch.advantages.double(), teacher, batch.old_logps.double(), mask, 0.25, 0.2,
+                                     span=span)
+    expected = torch.where(rows[:, None], expected, batch.advantages.double() * mask)
+    torch.testing.assert_close(output["advantages"].double() * mask, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("teacher", [{"rlsd_teacher": "self"}, {"rlsd_teacher": "teacher_model",
                                                                  "teacher_model": "ema"}], ids=lambda t: t["rlsd_teacher"])
 def test_rlsd_trains_two_steps(tiny_model_path, tmp_path, teacher):

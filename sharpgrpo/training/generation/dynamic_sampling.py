@@ -65,7 +65,7 @@ def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]],
     from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
 
     def one_round(rows: list[dict]):
-        trainer._generation = GenerationRecord(inputs=rows)
+        trainer._generation = GenerationRecord(inputs=rows, step=trainer.state.global_step)
         return generate(rows), trainer._generation
 
     if mode != "train" or trainer._dynamic_sampler is None:
