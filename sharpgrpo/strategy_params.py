@@ -438,7 +438,7 @@ class StrategyParams:
     )
     rlsd_thought_tags: str = param(
         "<thought> </thought>", "`rlsd`: the opening and closing tags of `rlsd_thought_only`'s span, separated by a "
-        "space, each matched as the tokens the tokenizer gives it alone (RLSD's <thought> </thought>; R1-style "
+        "space, each matched as the tokens the tokenizer gives it alone (RLSD's `<thought> </thought>`; R1-style "
         "prompts use `<think> </think>`).", name(),
         acts_when=ActsWhen("rlsd_thought_only: true", lambda args: bool(args.rlsd_thought_only)),
     )
@@ -446,8 +446,20 @@ class StrategyParams:
     echo_coef: float = param(
         0.1, "`echo`: alpha of ECHO's cross-entropy alpha * (-log p) on the environment's tokens (tool results, "
         "retrieved passages; TRL's tool_mask 0), averaged over them beside the policy loss (prime-rl EchoRoleConfig."
-        "alpha: 0.1 for the tool role; rllm's ECHO uses 0.05 as the paper's). docs/methods.md §18.7.",
+        "alpha: 0.1 for the tool role; rllm's ECHO uses 0.05 as the paper's); the alpha of every role in "
+        "`echo_roles` given without its own. docs/methods.md §18.7.",
         positive(),
+    )
+    echo_roles: str = param(  # parsed by the strategy's check_params
+        "tool", "`echo`: the roles whose environment tokens train and their alphas, comma separated: `role` (alpha "
+        "echo_coef) or `role=alpha`, roles system, user, assistant, tool (prime-rl's role table; its default: tool "
+        "at 0.1). The search setting's passages are tool, its retry message user; TRL's tool results are tool. "
+        "docs/methods.md §18.8.", name(),
+    )
+    echo_filter: str | None = param(
+        None, "`echo`: import path (`package.module:function`) of a filter narrowing the role-selected tokens: "
+        "called with each completion's token ids (a list of ints), it returns one keep flag per token (prime-rl's "
+        "echo filter); None: none. docs/methods.md §18.8.", name(allow_none=True),
     )
 
     # Rollout correction between the sampling engine (vLLM) and the trainer (docs/methods.md, "Rollout correction").
