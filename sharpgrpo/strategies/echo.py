@@ -62,8 +62,8 @@ def parse_role_table(text: str, default_alpha: float) -> dict[str, float]:
             continue
         role, sep, value = (piece.strip() for piece in entry.partition("="))
         if role not in ENVIRONMENT_ROLES:
-            raise ValueError(f"echo_roles: unknown role {role!r}{did_you_mean(role, ENVIRONMENT_ROLES)}; the roles are "
-                             f"{', '.join(ENVIRONMENT_ROLES)}.")
+            hint = did_you_mean(role, ENVIRONMENT_ROLES)
+            raise ValueError(f"echo_roles: unknown role {role!r}{hint}; the roles are {', '.join(ENVIRONMENT_ROLES)}.")
         if role in table:
             raise ValueError(f"echo_roles: role {role!r} is given twice.")
         try:
@@ -88,9 +88,9 @@ def role_weights(env_roles: torch.Tensor, table: dict[str, float]) -> torch.Tens
 
 def filter_keep(token_filter: Callable, name: str, completion_ids: torch.Tensor, lengths: list[int],
                 rows: list[int]) -> torch.Tensor:
-    """The keep flags ``token_filter`` gives each completion of ``rows``: called as ``token_filter(token_ids)`` with the
-    row's first ``lengths[row]`` token ids (a list of ints), it returns one truthy / falsy flag per token (a list, tuple
-    or 1-D tensor of that length); other rows keep everything. A wrong type or length raises ValueError in one line
+    """The keep flags ``token_filter`` gives each completion of ``rows``: called as ``token_filter(token_ids)`` with
+    the row's first ``lengths[row]`` token ids (a list of ints), it returns one truthy / falsy flag per token (a list,
+    tuple or 1-D tensor of that length); other rows keep everything. A wrong type or length raises ValueError in one line
     naming the filter. (B, T) -> (B, T) bool."""
     keep = torch.ones(completion_ids.shape, dtype=torch.bool)
     for row in rows:
@@ -179,5 +179,5 @@ def load_filter(path: str) -> Callable:
 
     token_filter = import_from_path(str(path))
     if not callable(token_filter):
-        raise ValueError(f"echo_filter {path!r} is not callable (it must be a function of the completion's token ids).")
+        raise ValueError(f"echo_filter {path!r} is not callable (it must be a function of a completion's token ids).")
     return token_filter

@@ -112,7 +112,8 @@ def test_rlsd_schedule_and_thought_span_in_the_trainer(tiny_model_path, tmp_path
     tokenizer = trainer.processing_class
     opening, closing = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<think>", "</think>"))
     ids = torch.tensor([[3] + opening + [4, 5, 6] + closing + [7], [3] + opening + [5] * (4 + len(closing))])
-    span = trainer._input_providers["rlsd_thought_span"]({"completion_ids": ids, "completion_mask": torch.ones_like(ids)})
+    provide = trainer._input_providers["rlsd_thought_span"]
+    span = provide({"completion_ids": ids, "completion_mask": torch.ones_like(ids)})
     start = 1 + len(opening)
     assert span[0].tolist() == [0.0] * start + [1.0] * 3 + [0.0] * (len(closing) + 1)
     assert span[1].tolist() == [0.0] * start + [1.0] * (4 + len(closing))  # open to the end
@@ -182,3 +183,36 @@ def test_echo_in_the_trainers_loss(tiny_model_path, tmp_path):
     expected = float((-0.1 * logps * env).sum() / env.sum())
     assert losses["echo"] - losses["plain"] == pytest.approx(expected, abs=1e-5)
     assert expected > 0.1  # the tiny model is far from predicting random tool tokens
+
+
+def keep_even_tokens(token_ids):
+    """An echo filter, imported by path: keep the tokens with an even id."""
+    return [token % 2 == 0 for token in token_ids]
+
+
+@pytest.mark.slow
+def test_echo_roles_and_filter_in_the_trainers_loss(tiny_model_path, tmp_path):
+    """The trainer's ``_compute_loss`` on a micro-batch whose environment tokens carry the rollout's roles (tool, then
+    user) with ``echo_roles: tool,user=0.05`` and a filter imported by path: the loss exceeds the plain one by the
+    role-weighted mean -log p over the tokens the filter keeps (the token ids reach it through the loss inputs)."""
+    losses = {}
+    for name, strategies in (("plain", ["grpo_sg"]), ("echo", ["grpo_sg", "echo"])):
+        args = cpu_config(tmp_path / name, strategies=strategies, echo_roles="tool,user=0.05",
+                          echo_filter="test_token_credit_training:keep_even_tokens", per_device_train_batch_size=4,
+                          num_generations=2, max_completion_length=10, seed=0)
+        trainer = make_trainer(tiny_model_path, args, train_dataset=4)
+        inputs = tool_batch(trainer)
+        roles = torch.zeros_like(inputs["tool_mask"])
+        roles[:3, 2:4], roles[:3, 4:6] = 4, 2  # the tool result's first tokens, then a user message
+        inputs["env_roles"] = roles
+        with torch.no_grad():
+            losses[name] = float(trainer._compute_loss(trainer.model, inputs))
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / args.temperature
+            logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+    alpha = torch.where(roles == 4, 0.1, torch.where(roles == 2, 0.05, 0.0)).double()
+    alpha = alpha * (inputs["completion_ids"] % 2 == 0) * inputs["completion_mask"] * (1 - inputs["tool_mask"])
+    assert (alpha != 0).any() and (alpha == 0).logical_and(roles > 0).any()
+    expected = float((-logps * alpha).sum() / (alpha != 0).sum())
+    assert losses["echo"] - losses["plain"] == pytest.approx(expected, abs=1e-5)

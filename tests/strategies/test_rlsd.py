@@ -98,9 +98,9 @@ def random_batch(seed: int, teacher_input: str, size: int = 12, length: int = 9,
 
 
 def run_rlsd(batch: GenerationBatch, **params):
-    args = SimpleNamespace(**{"rlsd_teacher": "self", "rlsd_lambda": 0.5, "rlsd_clip": 0.2, "rlsd_negative_only": False,
-                              "rlsd_thought_only": False, "rlsd_lambda_warmup_steps": 0, "rlsd_lambda_decay_steps": 0,
-                              **params})
+    args = SimpleNamespace(**{"rlsd_teacher": "self", "rlsd_lambda": 0.5, "rlsd_clip": 0.2,
+                              "rlsd_negative_only": False, "rlsd_thought_only": False, "rlsd_lambda_warmup_steps": 0,
+                              "rlsd_lambda_decay_steps": 0, **params})
     strategy = STRATEGIES.get("rlsd")(args)
     advantages, metrics, stages = run_advantage_strategies([strategy], batch,
                                                            StrategyOutputChecker({"rlsd": STRATEGIES.get("rlsd")}))
