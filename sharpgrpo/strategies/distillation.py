@@ -375,6 +375,7 @@ class RLSDStrategy(_TeacherStrategy):
         super().__init__(args)
         self.needs_inputs = (RLSD_TEACHER_INPUTS[args.rlsd_teacher],) + ((RLSD_SPAN_INPUT,) if args.rlsd_thought_only
                                                                          else ())
+        self._said_decayed = False
 
     def uses_ema_teacher(self) -> bool:
         if self.args.rlsd_teacher == "self":
@@ -392,6 +393,11 @@ class RLSDStrategy(_TeacherStrategy):
         a = self.args
         lam = rlsd_lambda_at(batch.step + 1, a.rlsd_lambda, a.rlsd_lambda_warmup_steps, a.rlsd_lambda_decay_steps)
         span = batch.extras[RLSD_SPAN_INPUT].double() if a.rlsd_thought_only else None
+        if lam == 0 and a.rlsd_lambda > 0 and not self._said_decayed:
+            self._said_decayed = True
+            warnings.warn(f"rlsd: lambda has decayed to 0 at step {batch.step + 1} (rlsd_lambda_decay_steps="
+                          f"{a.rlsd_lambda_decay_steps}): from here on every token keeps its advantage, plain GRPO, as "
+                          "the released schedule trains (said once).", UserWarning, stacklevel=2)
         advantages, weights, reweight = rlsd_advantages(batch.advantages.double(), teacher64,
                                                         batch.old_logps.double(), mask, lam, a.rlsd_clip,
                                                         a.rlsd_negative_only, span)

@@ -115,7 +115,7 @@ class EchoStrategy(TokenLossStrategy):
     multi-turn rollout) is said once: echo then adds nothing."""
 
     params = ("echo_coef", "echo_roles", "echo_filter")
-    sets: ClassVar[frozenset[str]] = frozenset({"env_loss"})
+    sets: ClassVar[frozenset[str]] = frozenset({"env_loss", "env_mask"})
     importance_sampling_levels = ("token", "sequence")  # it reads no ratio
     metrics = ("echo/nll", "echo/env_tokens")
     paper = StrategyPaper(

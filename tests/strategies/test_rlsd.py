@@ -178,6 +178,17 @@ def test_the_lambda_schedule_is_the_released_one(warmup, decay):
                 assert (other - expected).abs().max() > 1e-5
     late = released_lambda(1000, 0.5, warmup, decay)
     assert late == (0.5 if decay == 0 else 0.0)  # decayed to 0 and held there
+    if decay:
+        strategy = STRATEGIES.get("rlsd")(SimpleNamespace(
+            rlsd_teacher="self", rlsd_lambda=0.5, rlsd_clip=0.2, rlsd_negative_only=False, rlsd_thought_only=False,
+            rlsd_lambda_warmup_steps=warmup, rlsd_lambda_decay_steps=decay))
+        batch = random_batch(0, "self_teacher_logps", step=warmup + decay)
+        with pytest.warns(UserWarning, match="rlsd: lambda has decayed to 0") as caught:
+            for _ in range(2):
+                got, _ = strategy.token_advantages(batch)
+        assert sum("decayed" in str(w.message) for w in caught) == 1
+        torch.testing.assert_close(got * batch.completion_mask, batch.advantages * batch.completion_mask, rtol=0,
+                                   atol=0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
