@@ -163,6 +163,17 @@ def tool_batch(trainer, seed: int = 0, rows: int = 4, length: int = 10) -> dict:
             "num_items_in_batch": (completion_mask * tool_mask).sum()}
 
 
+@torch.no_grad()
+def loss_and_logps(trainer, inputs) -> tuple[float, torch.Tensor]:
+    """The trainer's ``_compute_loss`` on ``inputs`` (3 prompt tokens), and the completion tokens' log-probabilities
+    at the sampling temperature from an independent forward (float64)."""
+    loss = float(trainer._compute_loss(trainer.model, inputs))
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / trainer.temperature
+    return loss, torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+
+
 def test_echo_in_the_trainers_loss(tiny_model_path, tmp_path):
     """The trainer's ``_compute_loss`` on a micro-batch with tool results: with ``echo`` the loss is the plain one plus
     ``echo_coef`` times the mean -log p of the tool-result tokens, the log-probabilities from an independent forward
@@ -173,12 +184,7 @@ def test_echo_in_the_trainers_loss(tiny_model_path, tmp_path):
                           num_generations=2, max_completion_length=10, seed=0)
         trainer = make_trainer(tiny_model_path, args, train_dataset=4)
         inputs = tool_batch(trainer)
-        with torch.no_grad():
-            losses[name] = float(trainer._compute_loss(trainer.model, inputs))
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / args.temperature
-            logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+        losses[name], logps = loss_and_logps(trainer, inputs)
     env = (inputs["completion_mask"] * (1 - inputs["tool_mask"])).double()
     expected = float((-0.1 * logps * env).sum() / env.sum())
     assert losses["echo"] - losses["plain"] == pytest.approx(expected, abs=1e-5)
@@ -205,12 +211,7 @@ def test_echo_roles_and_filter_in_the_trainers_loss(tiny_model_path, tmp_path):
         roles = torch.zeros_like(inputs["tool_mask"])
         roles[:3, 2:4], roles[:3, 4:6] = 4, 2  # the tool result's first tokens, then a user message
         inputs["env_roles"] = roles
-        with torch.no_grad():
-            losses[name] = float(trainer._compute_loss(trainer.model, inputs))
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / args.temperature
-            logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+        losses[name], logps = loss_and_logps(trainer, inputs)
     alpha = torch.where(roles == 4, 0.1, torch.where(roles == 2, 0.05, 0.0)).double()
     alpha = alpha * (inputs["completion_ids"] % 2 == 0) * inputs["completion_mask"] * (1 - inputs["tool_mask"])
     assert (alpha != 0).any() and (alpha == 0).logical_and(roles > 0).any()
