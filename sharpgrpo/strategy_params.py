@@ -416,12 +416,50 @@ class StrategyParams:
         "rlsd_reweight_clip_range: 0.2 in its config, else the actor's clip_ratio_low, 0.2).",
         between(0, 1),
     )
+    rlsd_lambda_warmup_steps: int = param(
+        0, "`rlsd`: lambda rises linearly from 0 to rlsd_lambda over this many optimizer steps (rlsd_lambda * s / "
+        "warmup at step s); 0: none (iie-ycx/RLSD opsd_config.py rlsd_lambda_warmup_steps 0, its training script "
+        "too). A generation batch takes the lambda of the first step it trains. docs/methods.md §18.5.",
+        integer(0),
+    )
+    rlsd_lambda_decay_steps: int = param(
+        0, "`rlsd`: after the warm-up, lambda falls linearly to 0 over this many optimizer steps (rlsd_lambda * max(1 "
+        "- (s - warmup) / decay, 0) at step s) and stays 0; 0: none (opsd_config.py's default; the released "
+        "training script rlsd_train.sh sets 60). docs/methods.md §18.5.",
+        integer(0),
+    )
+    rlsd_negative_only: bool = param(
+        False, "`rlsd`: reweight only completions whose advantage sums to < 0 (the teacher redistributes blame); the "
+        "others keep A (iie-ycx/RLSD rlsd_negative_only: False).", one_of(False, True),
+    )
+    rlsd_thought_only: bool = param(
+        False, "`rlsd`: reweight only the tokens between `rlsd_thought_tags`' opening and closing tags, the others "
+        "keep A (iie-ycx/RLSD rlsd_thought_only: False).", one_of(False, True),
+    )
+    rlsd_thought_tags: str = param(
+        "<thought> </thought>", "`rlsd`: the opening and closing tags of `rlsd_thought_only`'s span, separated by a "
+        "space, each matched as the tokens the tokenizer gives it alone (RLSD's `<thought> </thought>`; R1-style "
+        "prompts use `<think> </think>`).", name(),
+        acts_when=ActsWhen("rlsd_thought_only: true", lambda args: bool(args.rlsd_thought_only)),
+    )
     # ECHO (docs/methods.md §18.7).
     echo_coef: float = param(
         0.1, "`echo`: alpha of ECHO's cross-entropy alpha * (-log p) on the environment's tokens (tool results, "
         "retrieved passages; TRL's tool_mask 0), averaged over them beside the policy loss (prime-rl EchoRoleConfig."
-        "alpha: 0.1 for the tool role; rllm's ECHO uses 0.05 as the paper's). docs/methods.md §18.7.",
+        "alpha: 0.1 for the tool role; rllm's ECHO uses 0.05 as the paper's); the alpha of every role in "
+        "`echo_roles` given without its own. docs/methods.md §18.7.",
         positive(),
+    )
+    echo_roles: str = param(  # parsed by the strategy's check_params
+        "tool", "`echo`: the roles whose environment tokens train and their alphas, comma separated: `role` (alpha "
+        "echo_coef) or `role=alpha`, roles system, user, assistant, tool (prime-rl's role table; its default: tool "
+        "at 0.1). The search setting's passages are tool, its retry message user; TRL's tool results are tool. "
+        "docs/methods.md §18.8.", name(),
+    )
+    echo_filter: str | None = param(
+        None, "`echo`: import path (`package.module:function`) of a filter narrowing the role-selected tokens: "
+        "called with each completion's token ids (a list of ints), it returns one keep flag per token (prime-rl's "
+        "echo filter); None: none. docs/methods.md §18.8.", name(allow_none=True),
     )
 
     # Rollout correction between the sampling engine (vLLM) and the trainer (docs/methods.md, "Rollout correction").

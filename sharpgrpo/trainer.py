@@ -36,7 +36,7 @@ from sharpgrpo.training.generation.async_rollout.rollout_func import async_rollo
 from sharpgrpo.training.generation.capture import GenerationCapture
 from sharpgrpo.training.generation.dynamic_sampling import dynamic_sampler, generate_batch, needs_verdicts
 from sharpgrpo.training.generation.entropy_inputs import refuse_unsupported_rollouts
-from sharpgrpo.training.generation.inputs import environment_mask, input_providers, loss_mask
+from sharpgrpo.training.generation.inputs import environment_inputs, input_providers, loss_mask
 from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_logps_source, prompt_completion
 from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem, zero3_enabled
 from sharpgrpo.training.generation.rank_agreement import RankFailures
@@ -253,7 +253,7 @@ class SharpGRPOTrainer(GRPOTrainer):
             importance_sampling_ratio=inputs.get("importance_sampling_ratio"), entropy_mask=entropy_mask,
             aux_loss=aux_loss if self.aux_loss_enabled else None, num_items_in_batch=inputs.get("num_items_in_batch"),
             accumulation_steps=self.current_gradient_accumulation_steps if training else 1.0, training=training,
-            env_mask=environment_mask(inputs))
+            **environment_inputs(inputs))
         return policy_loss(batch, self.strategies, LossSettings.from_trainer(self), self.accelerator,
                            folded=self._folded_strategy(), weights=weights, entropy_coef=entropy_coef_to_apply(self))
 

@@ -12,7 +12,9 @@ me try again." is appended and the model continues (a sampled end-of-sequence to
 everything after the first one); with ``"end"`` the episode ends there. Every turn counts: after
 ``max_search_turns`` turns one last turn is generated, in which neither a search nor a retry happens. The sampled
 token ids are kept exactly as sampled (a turn is never decoded and re-encoded); the appended tokens get ``env_mask``
-0, which TRL turns into ``tool_mask`` (no loss, no strategy statistic).
+0, which TRL turns into ``tool_mask`` (no loss, no strategy statistic), and a message role in ``env_roles``
+(``strategies.base.ENVIRONMENT_ROLES`` codes; ECHO's role table reads them): the passages ``tool``, the retry message
+``user``, the end-of-sequence token that closes an answered episode none (0, scaffolding of no message).
 
 Several processes: every process runs the same number of generation calls per turn, each with the same number of
 rows (its active rows plus dummy rows whose output is discarded) and the same ``max_tokens``, because vLLM server
@@ -42,8 +44,10 @@ from sharpgrpo.search.format import (
     information_block,
     parse_action,
 )
+from sharpgrpo.strategies.base import ENVIRONMENT_ROLES
 
 INVALID_ACTIONS = ("retry", "end")
+TOOL_ROLE, USER_ROLE = ENVIRONMENT_ROLES.index("tool") + 1, ENVIRONMENT_ROLES.index("user") + 1  # env_roles codes
 
 
 class GenerationBackend(Protocol):
@@ -91,6 +95,7 @@ class Episode:
 
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
+    env_roles: list[int] = field(default_factory=list)  # the appended tokens' message roles, 0 on sampled ones
     logprobs: list[float] | None = field(default_factory=list)
     turns: int = 0  # generation calls
     searches: int = 0  # retrievals done
@@ -101,9 +106,10 @@ class Episode:
     queries: list[str] = field(default_factory=list)
     retrieved: list[str] = field(default_factory=list)  # the passages text of each search
 
-    def extend(self, ids: Sequence[int], mask_value: int, logprobs: Sequence[float] | None) -> None:
+    def extend(self, ids: Sequence[int], mask_value: int, logprobs: Sequence[float] | None, role: int = 0) -> None:
         self.completion_ids.extend(int(i) for i in ids)
         self.env_mask.extend([mask_value] * len(ids))
+        self.env_roles.extend([role] * len(ids))
         if self.logprobs is not None:
             if logprobs is None:
                 self.logprobs = None
@@ -206,7 +212,7 @@ def run_episodes(
                 episode.extend(ids, 1, logprobs)
                 room = limits.max_completion_length - len(episode.completion_ids)
                 message = tokenizer(INVALID_ACTION_MESSAGE, add_special_tokens=False)["input_ids"][:max(room, 0)]
-                episode.extend(message, 0, [0.0] * len(message))
+                episode.extend(message, 0, [0.0] * len(message), USER_ROLE)
                 episode.invalid += 1
                 if len(episode.completion_ids) >= limits.max_completion_length:
                     episode.finish("budget", truncated=True)
@@ -237,7 +243,7 @@ def run_episodes(
                 passages = format_passages(documents)
                 room = limits.max_completion_length - len(episode.completion_ids)
                 obs = _observation_ids(tokenizer, passages, limits.max_obs_tokens)[:room]
-                episode.extend(obs, 0, [0.0] * len(obs))
+                episode.extend(obs, 0, [0.0] * len(obs), TOOL_ROLE)
                 episode.searches += 1
                 episode.queries.append(query)
                 episode.retrieved.append(passages)
@@ -365,6 +371,7 @@ class SearchRolloutFunc:
     """TRL ``rollout_func(prompts, trainer)``: one multi-turn episode per prompt row.
 
     Returns ``prompt_ids``, ``completion_ids``, ``logprobs`` (None with the transformers backend), ``env_mask``,
+    ``env_roles`` (each token's message role, for ECHO),
     and per-row ``search_turns``/``search_calls`` (forwarded to reward functions), and logs ``search/*``.
     """
 
@@ -413,6 +420,7 @@ class SearchRolloutFunc:
             "completion_ids": [e.completion_ids for e in episodes],
             "logprobs": None if any(lp is None for lp in logprobs) else logprobs,
             "env_mask": [e.env_mask for e in episodes],
+            "env_roles": [e.env_roles for e in episodes],
             "search_turns": [e.turns for e in episodes],
             "search_calls": [e.searches for e in episodes],
         }

@@ -73,6 +73,8 @@ class GenerationBatch:
         extras: name -> (B, T) tensor, the extra per-token inputs the strategies name in ``needs_inputs`` (e.g. a
             teacher's log-probabilities), each supplied at generation by a registered generation input
             (``sharpgrpo.training.generation.inputs``); empty when none is needed.
+        step: the optimizer steps the trainer had completed when the batch was generated (TRL's
+            ``state.global_step``): the batch first trains at step ``step + 1`` (a schedule such as RLSD's lambda).
     """
 
     old_logps: torch.Tensor | None
@@ -89,6 +91,7 @@ class GenerationBatch:
     correct: torch.Tensor | None = None
     entropies: torch.Tensor | None = None
     extras: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
 
 
 def group_slices(group_ids: torch.Tensor) -> Iterator[slice]:
@@ -326,6 +329,11 @@ class LossContext:
         env_mask: (B, T) {0, 1} or None, 1 on the completion tokens the environment wrote (TRL's ``tool_mask`` 0: tool
             results, the search setting's retrieved passages), which ``mask`` leaves out; None when the batch has no
             tool mask. ``logps`` covers them (the forward scores every completion token).
+        env_roles: (B, T) long or None, the message role of each environment token where the rollout says it
+            (``ENVIRONMENT_ROLES`` codes, 1-based; 0 on the model's tokens and on scaffolding of no message: the search
+            setting's passages are ``tool``, its retry message ``user``); None when the rollout gives none (TRL's
+            tool calling, whose environment tokens are all tool results).
+        completion_ids: (B, T) long or None, the completion's token ids (None where the caller has none).
     """
 
     logps: torch.Tensor
@@ -338,6 +346,13 @@ class LossContext:
     entropy_mask: torch.Tensor | None = None
     sampling_logps: torch.Tensor | None = None
     env_mask: torch.Tensor | None = None
+    env_roles: torch.Tensor | None = None
+    completion_ids: torch.Tensor | None = None
+
+
+# The message roles of environment tokens, as prime-rl's ECHO names them (``EchoRolesConfig``); a token's code in
+# ``LossContext.env_roles`` is its role's position here plus 1, 0 meaning none.
+ENVIRONMENT_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass
@@ -370,6 +385,8 @@ class LossTerms:
         env_loss: a per-token term on the environment's tokens (``LossContext.env_mask``), outside the policy loss
             and its aggregation: the micro-batch adds its sum over those tokens divided by their number (and by the
             gradient accumulation steps), as prime-rl normalises its ``ce`` component by its own token count: ECHO.
+        env_mask: {0, 1}, detached: the environment tokens ``env_loss`` covers and is averaged over, narrowing the
+            batch's (``LossContext.env_mask``); None: all of them.
         columns: per-token diagnostics that do not enter the loss, (B, T) each, by name: the per-token telemetry's
             ``<strategy>/<name>`` columns (a rollout correction's importance weight before rejection), each
             declared with what it holds in the strategy's ``TokenLossStrategy.columns``.
@@ -387,6 +404,7 @@ class LossTerms:
         "kl_weight": "the strategy's factor on the token's beta * KL term",
         "env_loss": "the strategy's per-token term on an environment token (tool result, retrieved passage), averaged "
                     "over the micro-batch's environment tokens apart from the policy loss",
+        "env_mask": "1 on the environment tokens the strategy's env_loss covers and is averaged over",
     }
 
     gradient_mask: torch.Tensor | None = None
@@ -399,6 +417,7 @@ class LossTerms:
     kl_weight: torch.Tensor | None = None
     sequence_loss: torch.Tensor | None = None
     env_loss: torch.Tensor | None = None
+    env_mask: torch.Tensor | None = None
     columns: dict[str, torch.Tensor] = field(default_factory=dict)
 
 

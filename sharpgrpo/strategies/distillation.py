@@ -86,15 +86,51 @@ def sdpo_advantages(advantages: torch.Tensor, gap: torch.Tensor, teacher_rows: t
 
 
 def rlsd_advantages(advantages: torch.Tensor, teacher_logps: torch.Tensor, student_logps: torch.Tensor,
-                    mask: torch.Tensor, lam: float, clip: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    mask: torch.Tensor, lam: float, clip: float, negative_only: bool = False,
+                    span: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RLSD's reweighted advantage (arXiv 2604.03128; iie-ycx/RLSD@93e46f7 ``dp_opsd_actor.py`` L219-239):
     w = exp(sign(A) (log pi_T - log pi_S)) on the mask, r = (1 - lam) + lam clip(w, 1 - clip, 1 + clip) on the mask
-    (0 off it), A' = A r. The paper's A clip(w, 1 +- eps) is ``lam`` = 1. Returns (A', w, r); (B, T) each."""
+    (0 off it), A' = A r. The paper's A clip(w, 1 +- eps) is ``lam`` = 1. ``negative_only`` (L230-232): r = 1 on the
+    mask in rows whose advantages sum to >= 0 over it; ``span`` (B, T) {0, 1} (``rlsd_thought_only``, L234-237): r = 1
+    on the mask outside it. Returns (A', w, r); (B, T) each."""
     mask = mask.to(advantages.dtype)
     delta = (teacher_logps.to(advantages.dtype) - student_logps.to(advantages.dtype)) * mask
     weights = torch.exp(torch.sign(advantages) * delta) * mask
     reweight = ((1.0 - lam) + lam * weights.clamp(1.0 - clip, 1.0 + clip)) * mask
+    if negative_only:
+        reweight = torch.where((advantages * mask).sum(dim=1, keepdim=True) < 0, reweight, mask)
+    if span is not None:
+        reweight = torch.where(span.bool(), reweight, mask)
     return advantages * reweight, weights, reweight
+
+
+def rlsd_lambda_at(step: int, lam: float, warmup_steps: int, decay_steps: int) -> float:
+    """RLSD's lambda at optimizer step ``step`` (1-based) (iie-ycx/RLSD@93e46f7 ``verl/trainer/opsd_trainer.py``
+    L1951-1961, ``global_step`` 1 at the first step): ``lam * step / warmup`` during the warm-up, then, with a decay,
+    ``lam * max(1 - (step - warmup) / decay, 0)``, else ``lam``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return lam * step / warmup_steps
+    if decay_steps > 0:
+        return lam * max(1.0 - (step - warmup_steps) / decay_steps, 0.0)
+    return lam
+
+
+def tag_span_mask(completion_ids: torch.Tensor, mask: torch.Tensor, opening: list[int], closing: list[int]
+                  ) -> torch.Tensor:
+    """1 on the tokens strictly between an ``opening`` and the next ``closing`` token sequence (the tags themselves 0;
+    an unclosed span runs to the end), times ``mask``: RLSD's thought-span mask (``opsd_trainer.py``
+    ``_build_thought_span_mask`` L1879-1908, tags matched token for token). (B, T) long, (B, T) -> (B, T)."""
+    span = torch.zeros(completion_ids.shape, dtype=mask.dtype)
+    for row, ids in enumerate(completion_ids.tolist()):
+        inside, t = False, 0
+        while t < len(ids):
+            tag = closing if inside else opening
+            if tag and ids[t:t + len(tag)] == tag:
+                inside, t = not inside, t + len(tag)
+                continue
+            span[row, t] = float(inside)
+            t += 1
+    return span.to(mask.device) * mask
 
 
 def _teacher_gap(batch: GenerationBatch, name: str, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,6 +331,7 @@ class SelfDistillationStrategy(_TeacherStrategy):
 
 
 RLSD_TEACHER_INPUTS = {"self": "self_teacher_logps", "teacher_model": "teacher_logps"}
+RLSD_SPAN_INPUT = "rlsd_thought_span"  # ``rlsd_thought_only``'s (B, T) span mask (``training.generation.teacher``)
 
 
 @register_strategy("rlsd")
@@ -304,12 +341,13 @@ class RLSDStrategy(_TeacherStrategy):
     successful sibling and, with ``sdpo_feedback``, the row's ``privileged_context``) or ``teacher_model``. Completions
     without a self-teacher keep A (weight 1). docs/methods.md §18.4."""
 
-    params = ("rlsd_teacher", "rlsd_lambda", "rlsd_clip", "teacher_model", "teacher_ema_decay", "sdpo_teacher",
-              "sdpo_success_threshold", "sdpo_feedback", "sdpo_max_reprompt_length")
-    # Both teachers' inputs are registered; an instance needs only its own (``__init__``).
-    needs_inputs = tuple(RLSD_TEACHER_INPUTS.values())
+    params = ("rlsd_teacher", "rlsd_lambda", "rlsd_clip", "rlsd_lambda_warmup_steps", "rlsd_lambda_decay_steps",
+              "rlsd_negative_only", "rlsd_thought_only", "rlsd_thought_tags", "teacher_model", "teacher_ema_decay",
+              "sdpo_teacher", "sdpo_success_threshold", "sdpo_feedback", "sdpo_max_reprompt_length")
+    # Every input is registered; an instance needs its teacher's and, with rlsd_thought_only, the span (``__init__``).
+    needs_inputs = (*RLSD_TEACHER_INPUTS.values(), RLSD_SPAN_INPUT)
     metrics = ("rlsd/teacher_logp_mean", "rlsd/delta_mean", "rlsd/weight_mean", "rlsd/reweight_mean",
-               "rlsd/clip_low_ratio", "rlsd/clip_high_ratio", "rlsd/teacher_fraction")
+               "rlsd/clip_low_ratio", "rlsd/clip_high_ratio", "rlsd/teacher_fraction", "rlsd/lambda")
     columns = {"teacher_logp": "the teacher's log-probability of the sampled token (rlsd_teacher); NaN in completions "
                "without a self-teacher",
                "weight": "RLSD's factor on the token's advantage: (1 - rlsd_lambda) + rlsd_lambda * clip(exp(sign(A) "
@@ -325,9 +363,19 @@ class RLSDStrategy(_TeacherStrategy):
         if args.rlsd_teacher == "teacher_model":
             super().check_config(args)
 
+    @classmethod
+    def check_params(cls, args: Any) -> None:
+        from sharpgrpo.validation import ConfigError
+
+        if len(str(args.rlsd_thought_tags).split()) != 2:
+            raise ConfigError(f"rlsd_thought_tags={args.rlsd_thought_tags!r}: give the opening and the closing tag "
+                              "separated by a space, e.g. '<thought> </thought>'.")
+
     def __init__(self, args: Any):
         super().__init__(args)
-        self.needs_inputs = (RLSD_TEACHER_INPUTS[args.rlsd_teacher],)
+        self.needs_inputs = (RLSD_TEACHER_INPUTS[args.rlsd_teacher],) + ((RLSD_SPAN_INPUT,) if args.rlsd_thought_only
+                                                                         else ())
+        self._said_decayed = False
 
     def uses_ema_teacher(self) -> bool:
         if self.args.rlsd_teacher == "self":
@@ -342,9 +390,17 @@ class RLSDStrategy(_TeacherStrategy):
         rows = torch.isfinite(teacher).any(dim=1)  # the self-teacher is NaN on completions that have none
         mask = batch.completion_mask.double() * rows[:, None]
         teacher64 = torch.nan_to_num(teacher.double(), nan=0.0)
+        a = self.args
+        lam = rlsd_lambda_at(batch.step + 1, a.rlsd_lambda, a.rlsd_lambda_warmup_steps, a.rlsd_lambda_decay_steps)
+        span = batch.extras[RLSD_SPAN_INPUT].double() if a.rlsd_thought_only else None
+        if lam == 0 and a.rlsd_lambda > 0 and not self._said_decayed:
+            self._said_decayed = True
+            warnings.warn(f"rlsd: lambda has decayed to 0 at step {batch.step + 1} (rlsd_lambda_decay_steps="
+                          f"{a.rlsd_lambda_decay_steps}): from here on every token keeps its advantage, plain GRPO, as "
+                          "the released schedule trains (said once).", UserWarning, stacklevel=2)
         advantages, weights, reweight = rlsd_advantages(batch.advantages.double(), teacher64,
-                                                        batch.old_logps.double(), mask, self.args.rlsd_lambda,
-                                                        self.args.rlsd_clip)
+                                                        batch.old_logps.double(), mask, lam, a.rlsd_clip,
+                                                        a.rlsd_negative_only, span)
         advantages = torch.where(rows[:, None], advantages, batch.advantages.double())
         reweight = torch.where(rows[:, None], reweight, 1.0)
         self._scores = reweight.float()
@@ -356,5 +412,5 @@ class RLSDStrategy(_TeacherStrategy):
                    "rlsd/reweight_mean": _masked_mean(reweight, batch.completion_mask.double()),
                    "rlsd/clip_low_ratio": _masked_mean((weights < 1 - clip).double(), mask),
                    "rlsd/clip_high_ratio": _masked_mean((weights > 1 + clip).double(), mask),
-                   "rlsd/teacher_fraction": float(rows.double().mean())}
+                   "rlsd/teacher_fraction": float(rows.double().mean()), "rlsd/lambda": lam}
         return advantages.to(batch.advantages.dtype), metrics

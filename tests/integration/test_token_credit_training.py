@@ -100,6 +100,44 @@ def test_generation_batch_advantages_are_rlsds(tiny_model_path, tmp_path):
 
 
 @pytest.mark.slow
+def test_rlsd_schedule_and_thought_span_in_the_trainer(tiny_model_path, tmp_path):
+    """A batch generated after 29 optimizer steps with the released script's decay over 60 steps trains at lambda
+    0.5 (1 - 30/60) = 0.25 (the reweighting at that lambda, float32 output), only inside the thought span the
+    generation input found with the real tokenizer; the input matches the tags' own token ids in a completion."""
+    from sharpgrpo.data.demo import demo_dataset
+    from sharpgrpo.strategies.distillation import rlsd_advantages
+
+    trainer = sampling_trainer(tiny_model_path, tmp_path, strategies=["rlsd"], rlsd_lambda_decay_steps=60,
+                               rlsd_thought_only=True, rlsd_thought_tags="<think> </think>")
+    tokenizer = trainer.processing_class
+    opening, closing = (tokenizer.encode(tag, add_special_tokens=False) for tag in ("<think>", "</think>"))
+    ids = torch.tensor([[3] + opening + [4, 5, 6] + closing + [7], [3] + opening + [5] * (4 + len(closing))])
+    provide = trainer._input_providers["rlsd_thought_span"]
+    span = provide({"completion_ids": ids, "completion_mask": torch.ones_like(ids)})
+    start = 1 + len(opening)
+    assert span[0].tolist() == [0.0] * start + [1.0] * 3 + [0.0] * (len(closing) + 1)
+    assert span[1].tolist() == [0.0] * start + [1.0] * (4 + len(closing))  # open to the end
+
+    seen = {}
+    rlsd = trainer.advantage_strategies[0]
+    original = rlsd.token_advantages
+    rlsd.token_advantages = lambda batch: seen.setdefault("batch", batch) and original(batch)
+    trainer.state.global_step = 29
+    torch.manual_seed(1)
+    output = trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+    batch = seen["batch"]
+    assert batch.step == 29
+    teacher = torch.nan_to_num(batch.extras["self_teacher_logps"].double())
+    rows = torch.isfinite(batch.extras["self_teacher_logps"]).any(dim=1)
+    mask = output["completion_mask"].double()
+    span = batch.extras["rlsd_thought_span"].double()
+    expected, _, _ = rlsd_advantages(batch.advantages.double(), teacher, batch.old_logps.double(), mask, 0.25, 0.2,
+                                     span=span)
+    expected = torch.where(rows[:, None], expected, batch.advantages.double() * mask)
+    torch.testing.assert_close(output["advantages"].double() * mask, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("teacher", [{"rlsd_teacher": "self"}, {"rlsd_teacher": "teacher_model",
                                                                  "teacher_model": "ema"}], ids=lambda t: t["rlsd_teacher"])
 def test_rlsd_trains_two_steps(tiny_model_path, tmp_path, teacher):
@@ -125,6 +163,17 @@ def tool_batch(trainer, seed: int = 0, rows: int = 4, length: int = 10) -> dict:
             "num_items_in_batch": (completion_mask * tool_mask).sum()}
 
 
+@torch.no_grad()
+def loss_and_logps(trainer, inputs) -> tuple[float, torch.Tensor]:
+    """The trainer's ``_compute_loss`` on ``inputs`` (3 prompt tokens), and the completion tokens' log-probabilities
+    at the sampling temperature from an independent forward (float64)."""
+    loss = float(trainer._compute_loss(trainer.model, inputs))
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / trainer.temperature
+    return loss, torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+
+
 def test_echo_in_the_trainers_loss(tiny_model_path, tmp_path):
     """The trainer's ``_compute_loss`` on a micro-batch with tool results: with ``echo`` the loss is the plain one plus
     ``echo_coef`` times the mean -log p of the tool-result tokens, the log-probabilities from an independent forward
@@ -135,13 +184,36 @@ def test_echo_in_the_trainers_loss(tiny_model_path, tmp_path):
                           num_generations=2, max_completion_length=10, seed=0)
         trainer = make_trainer(tiny_model_path, args, train_dataset=4)
         inputs = tool_batch(trainer)
-        with torch.no_grad():
-            losses[name] = float(trainer._compute_loss(trainer.model, inputs))
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            logits = trainer.model(input_ids=ids, attention_mask=attention).logits.double()[:, 2:-1] / args.temperature
-            logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+        losses[name], logps = loss_and_logps(trainer, inputs)
     env = (inputs["completion_mask"] * (1 - inputs["tool_mask"])).double()
     expected = float((-0.1 * logps * env).sum() / env.sum())
     assert losses["echo"] - losses["plain"] == pytest.approx(expected, abs=1e-5)
     assert expected > 0.1  # the tiny model is far from predicting random tool tokens
+
+
+def keep_even_tokens(token_ids):
+    """An echo filter, imported by path: keep the tokens with an even id."""
+    return [token % 2 == 0 for token in token_ids]
+
+
+@pytest.mark.slow
+def test_echo_roles_and_filter_in_the_trainers_loss(tiny_model_path, tmp_path):
+    """The trainer's ``_compute_loss`` on a micro-batch whose environment tokens carry the rollout's roles (tool, then
+    user) with ``echo_roles: tool,user=0.05`` and a filter imported by path: the loss exceeds the plain one by the
+    role-weighted mean -log p over the tokens the filter keeps (the token ids reach it through the loss inputs)."""
+    losses = {}
+    for name, strategies in (("plain", ["grpo_sg"]), ("echo", ["grpo_sg", "echo"])):
+        args = cpu_config(tmp_path / name, strategies=strategies, echo_roles="tool,user=0.05",
+                          echo_filter="test_token_credit_training:keep_even_tokens", per_device_train_batch_size=4,
+                          num_generations=2, max_completion_length=10, seed=0)
+        trainer = make_trainer(tiny_model_path, args, train_dataset=4)
+        inputs = tool_batch(trainer)
+        roles = torch.zeros_like(inputs["tool_mask"])
+        roles[:3, 2:4], roles[:3, 4:6] = 4, 2  # the tool result's first tokens, then a user message
+        inputs["env_roles"] = roles
+        losses[name], logps = loss_and_logps(trainer, inputs)
+    alpha = torch.where(roles == 4, 0.1, torch.where(roles == 2, 0.05, 0.0)).double()
+    alpha = alpha * (inputs["completion_ids"] % 2 == 0) * inputs["completion_mask"] * (1 - inputs["tool_mask"])
+    assert (alpha != 0).any() and (alpha == 0).logical_and(roles > 0).any()
+    expected = float((-logps * alpha).sum() / (alpha != 0).sum())
+    assert losses["echo"] - losses["plain"] == pytest.approx(expected, abs=1e-5)

@@ -121,6 +121,7 @@ def test_retry_message_is_masked_and_a_sampled_eos_is_dropped(tokenizer):
     eos = tokenizer.eos_token_id
     assert episode.completion_ids == turn1 + message + turn2 + [eos]
     assert episode.env_mask == [1] * len(turn1) + [0] * len(message) + [1] * len(turn2) + [0]
+    assert episode.env_roles == [0] * len(turn1) + [2] * len(message) + [0] * len(turn2) + [0]  # the retry: user
     assert episode.logprobs == [-0.25] * len(turn1) + [0.0] * len(message) + [-0.25] * len(turn2) + [0.0]
     assert episode.completion_ids.count(eos) == 1  # TRL would mask everything after a first EOS
 

@@ -65,6 +65,7 @@ def test_env_mask_is_zero_exactly_on_the_information_block(tokenizer):
     assert episode.completion_ids == encode(tokenizer, turn1) + info + encode(tokenizer, turn2) + [eos]
     n1, n2 = len(encode(tokenizer, turn1)), len(encode(tokenizer, turn2))
     assert episode.env_mask == [1] * n1 + [0] * len(info) + [1] * n2 + [0]  # EOS appended by the environment
+    assert episode.env_roles == [0] * n1 + [4] * len(info) + [0] * n2 + [0]  # passages: tool; the EOS: no message
     assert episode.logprobs == [-0.5] * n1 + [0.0] * len(info) + [-0.5] * n2 + [0.0]
     assert (episode.turns, episode.searches, episode.end_reason, episode.truncated) == (2, 1, "answer", False)
     assert episode.queries == ["capital of france"]

@@ -151,8 +151,9 @@ def test_server_dying_mid_training_gives_clear_error(tmp_path, search_model):
 
 
 def test_echo_trains_on_retrieved_passages(tmp_path, search_model):
-    """ECHO (docs/methods.md §18.7) on the search setting's multi-turn episodes: the retrieved passages' tokens get the
-    gradient of echo_coef * their mean -log p, exactly -echo_coef / |env| on each log-probability, while the model's
+    """ECHO (docs/methods.md §18.7) on the search setting's multi-turn episodes: the retrieved passages' tokens (role
+    tool) get the gradient of echo_coef * their mean -log p, exactly -echo_coef / |env| on each log-probability, the
+    other appended tokens none, while the model's
     own tokens keep the policy gradient; two training steps against the retrieval server log finite echo metrics with
     environment tokens in them."""
     from sharpgrpo.cli import train
@@ -167,11 +168,13 @@ def test_echo_trains_on_retrieved_passages(tmp_path, search_model):
         inputs = [trainer.train_dataset[i // 2] for i in range(4)]
         trainer.model.train()
         output = trainer._generate_and_score_completions(inputs)
-    env = (output["tool_mask"] == 0) & (output["completion_mask"] == 1)
-    assert env.any()
+    appended = (output["tool_mask"] == 0) & (output["completion_mask"] == 1)
+    env = appended & (output["env_roles"] == 4)  # the passages (role tool, echo_roles' default); not the retry message
+    assert env.any()  # (user) nor the closing end-of-sequence token (no message)
     _, logps = loss_and_logps(trainer, output)
     grad = logps.grad
     torch.testing.assert_close(grad[env], torch.full_like(grad[env], -0.1 / int(env.sum())), rtol=1e-6, atol=0)
+    assert (grad[appended & ~env] == 0).all()
 
     task, args, model_args, search = make_args(tmp_path / "train", search_model, strategies=["grpo_sg", "echo"])
     trainer = train.main(task, args, model_args, search)

@@ -40,6 +40,7 @@ class GenerationRecord:
             declared per-token columns (``recorder.generation_stages``; this process's rows).
         logged_advantages: (each completion's mean token advantage after those strategies, TRL's sequence advantage),
             both (B_global,) in global order, for the completion tables (`sharpgrpo.training.telemetry.recorder`).
+        step: the trainer's completed optimizer steps when the batch was generated (``GenerationBatch.step``).
     """
 
     inputs: list[dict[str, Any]] | None = None
@@ -48,6 +49,7 @@ class GenerationRecord:
     captured: dict[str, torch.Tensor] = field(default_factory=dict)
     stages: list[torch.Tensor] = field(default_factory=list)
     logged_advantages: tuple[torch.Tensor, torch.Tensor] | None = None
+    step: int = 0
 
 
 def row_verdicts(reward_funcs, inputs: list[dict[str, Any]], prompts, completions, completion_ids, trainer_state):
@@ -203,4 +205,5 @@ def gathered_batch(accelerator, output: dict[str, Any], record: GenerationRecord
         correct=correct,
         entropies=None if entropies is None else gather(entropies.float()),
         extras={name: gather(value) for name, value in (extras or {}).items()},
+        step=record.step,
     )

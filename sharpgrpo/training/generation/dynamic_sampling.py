@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.training.generation.inputs import loss_mask
+from sharpgrpo.training.generation.inputs import environment_roles, loss_mask
 from sharpgrpo.training.generation.window_tokens import recount_window_tokens
 
 DYNAMIC_SAMPLING_FILTERS = ("reward_std", "accuracy")  # or the name of a reward function of the run
@@ -65,13 +65,14 @@ def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]],
     from sharpgrpo.training.generation.advantage_pipeline import GenerationRecord
 
     def one_round(rows: list[dict]):
-        trainer._generation = GenerationRecord(inputs=rows)
+        trainer._generation = GenerationRecord(inputs=rows, step=trainer.state.global_step)
         return generate(rows), trainer._generation
 
     if mode != "train" or trainer._dynamic_sampler is None:
         rows, output, record = inputs, *one_round(inputs)
     else:
         rows, output, record = trainer._dynamic_sampler.generate(inputs, one_round, trainer._generation_count)
+    output = environment_roles(rows, output)  # the rollout's per-token roles of environment tokens, for the loss
     return rows, recount_window_tokens(trainer, output), record  # the window count without removed tokens
 
 

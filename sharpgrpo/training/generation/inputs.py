@@ -61,6 +61,28 @@ def environment_mask(batch: dict[str, Any]) -> torch.Tensor | None:
     return batch["completion_mask"] * (1 - batch["tool_mask"])
 
 
+def environment_inputs(batch: dict[str, Any]) -> dict[str, torch.Tensor | None]:
+    """What the loss sees of a micro-batch's environment tokens (``LossBatch``'s fields): ``env_mask``
+    (:func:`environment_mask`), ``env_roles`` (the rollout's per-token roles, :func:`environment_roles`; None when it
+    gives none) and the ``completion_ids`` (an ECHO filter reads them)."""
+    return {"env_mask": environment_mask(batch), "env_roles": batch.get("env_roles"),
+            "completion_ids": batch.get("completion_ids")}
+
+
+def environment_roles(rows: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
+    """``output`` plus ``env_roles`` (B, T) long where a rollout function gave each row's per-token role codes (its
+    extra field ``env_roles``, which TRL copies into the input rows; ``strategies.base.ENVIRONMENT_ROLES``), padded
+    with 0 to the completions' width: the rows of the batch, shuffled and split with it, reach the loss."""
+    if not rows or any("env_roles" not in row for row in rows):
+        return output
+    ids = output["completion_ids"]
+    roles = torch.zeros(ids.shape, dtype=torch.long)
+    for index, row in enumerate(rows):
+        codes = list(row["env_roles"])[: ids.size(1)]
+        roles[index, : len(codes)] = torch.tensor(codes, dtype=torch.long)
+    return {**output, "env_roles": roles.to(ids.device)}
+
+
 def input_providers(trainer, names: tuple[str, ...]) -> dict[str, Callable[[dict[str, Any]], torch.Tensor]]:
     """The providers of ``names`` for ``trainer``, each factory called once."""
     return {name: GENERATION_INPUTS.get(name)(trainer) for name in names}

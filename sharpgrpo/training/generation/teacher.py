@@ -45,7 +45,7 @@ import torch
 from transformers import TrainerCallback
 
 from sharpgrpo.training.generation.capture import logps_from_hidden_states
-from sharpgrpo.training.generation.inputs import register_generation_input
+from sharpgrpo.training.generation.inputs import loss_mask, register_generation_input
 from sharpgrpo.training.generation.policy_inputs import completion_hidden_states, full_unembedding, zero3_enabled
 
 TEACHER_KINDS = ("ref", "base", "ema")  # besides a path or Hub name
@@ -421,5 +421,23 @@ def self_teacher_logps(trainer):
         has_teacher = torch.tensor([d is not None or f is not None for d, f in zip(demonstrations, feedback)],
                                    device=logps.device)
         return torch.where(has_teacher[:, None], logps, torch.nan)
+
+    return provide
+
+
+@register_generation_input("rlsd_thought_span")
+def rlsd_thought_span(trainer):
+    """Generation input ``rlsd_thought_span`` (``rlsd_thought_only``): 1 on the loss tokens between the opening and
+    closing tags of ``rlsd_thought_tags``, each tag encoded alone without special tokens and matched token for token in
+    the completion, as RLSD's ``_build_thought_span_mask`` does (``strategies.distillation.tag_span_mask``)."""
+    from sharpgrpo.strategies.distillation import tag_span_mask
+
+    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    opening, closing = (tokenizer.encode(tag, add_special_tokens=False)
+                        for tag in str(trainer.args.rlsd_thought_tags).split())
+
+    def provide(output: dict[str, Any]) -> torch.Tensor:
+        mask = loss_mask(output).float()
+        return tag_span_mask(output["completion_ids"].cpu(), mask.cpu(), opening, closing).to(mask.device)
 
     return provide

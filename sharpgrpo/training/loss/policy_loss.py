@@ -108,6 +108,8 @@ class LossBatch:
         accumulation_steps: gradient accumulation steps of the window (1 in evaluation).
         training: a training micro-batch (the window normaliser spans ``accumulation_steps``).
         env_mask: (B, T) {0, 1} the completion tokens the environment wrote (TRL's tool mask 0), or None.
+        env_roles: (B, T) long, the environment tokens' message roles (``LossContext.env_roles``), or None.
+        completion_ids: (B, T) long, the completion's token ids, or None.
     """
 
     logps: torch.Tensor
@@ -124,6 +126,8 @@ class LossBatch:
     accumulation_steps: float = 1.0
     training: bool = True
     env_mask: torch.Tensor | None = None
+    env_roles: torch.Tensor | None = None
+    completion_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,8 @@ def policy_loss(
     old_logps = logps.detach() if batch.old_logps is None else batch.old_logps
     terms, strategy_metrics, strategy_terms = strategies.loss_terms(LossContext(
         logps, old_logps, advantages, mask, batch.entropies.detach(), s.epsilon_low, s.epsilon_high,
-        batch.entropy_mask, batch.sampling_logps, batch.env_mask))  # masks, extra terms, clip range, sequence loss
+        batch.entropy_mask, batch.sampling_logps, batch.env_mask, batch.env_roles,
+        batch.completion_ids))  # masks, extra terms, clip range, sequence loss
     if terms is not None and terms.loss_mask is not None:  # e.g. rejected tokens: out of the loss and its normaliser
         mask = mask * terms.loss_mask.to(mask.dtype)
     off_policy_mask = None

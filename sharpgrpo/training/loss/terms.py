@@ -39,7 +39,7 @@ def collect_loss_terms(strategies, context: LossContext, check_metrics=None
         columns.update({f"{strategy_name}/{name}": value for name, value in per_token_terms(terms).items()})
         columns.update({f"{strategy_name}/{name}": value for name, value in declared_columns(strategy_name, strategy,
                                                                                              terms).items()})
-        for name in ("gradient_mask", "token_mask", "loss_mask", "kl_weight"):
+        for name in ("gradient_mask", "token_mask", "loss_mask", "kl_weight", "env_mask"):
             combined = _merge(combined, name, getattr(terms, name), torch.mul)
         combined = _merge(combined, "loss_cap", terms.loss_cap, torch.minimum)
         combined = _merge(combined, "extra_loss", terms.extra_loss, torch.add)
@@ -107,9 +107,12 @@ def declared_columns(strategy_name: str, strategy, terms: LossTerms) -> dict[str
 
 def environment_token_loss(terms: LossTerms | None, env_mask: torch.Tensor | None, accumulation_steps: float
                            ) -> torch.Tensor | None:
-    """The strategies' ``env_loss`` summed over the environment tokens of the micro-batch, divided by their number
-    (1 at least) and by the accumulation steps; None when no strategy set one or the batch has no such tokens."""
+    """The strategies' ``env_loss`` summed over the environment tokens of the micro-batch they cover (``env_mask``
+    narrowed by the strategies' ``LossTerms.env_mask``), divided by their number (1 at least) and by the accumulation
+    steps; None when no strategy set one or the batch has no such tokens."""
     if terms is None or terms.env_loss is None or env_mask is None:
         return None
     env_mask = env_mask.to(terms.env_loss.dtype)
+    if terms.env_mask is not None:
+        env_mask = env_mask * terms.env_mask.to(env_mask.dtype)
     return (terms.env_loss * env_mask).sum() / env_mask.sum().clamp(min=1.0) / accumulation_steps
