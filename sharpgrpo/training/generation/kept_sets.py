@@ -31,6 +31,7 @@ keeps the full-vocabulary log-probability. The per-token entropies stay those of
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,7 +41,6 @@ from sharpgrpo.training.generation.policy_inputs import zero3_enabled
 from sharpgrpo.training.generation.vllm_outputs import engine_outputs
 
 READER = "kept_sets"  # its name on the engine's EngineOutputs
-KEPT_CALLS = 64  # generate calls whose kept sets are kept (dynamic sampling may call several times per batch)
 
 
 def _row_key(token_ids) -> tuple[int, ...]:
@@ -48,7 +48,7 @@ def _row_key(token_ids) -> tuple[int, ...]:
 
 
 def completion_kept_ids(completion: Any) -> torch.Tensor:
-    """(T, K) int64 kept ids of one ``CompletionOutput``, -1 padded: its ``sampling_mask`` where vLLM returned one,
+    """(T, K) int32 kept ids of one ``CompletionOutput``, -1 padded: its ``sampling_mask`` where vLLM returned one,
     else the ids of its finite processed log-probabilities. The sampled token must be in each token's set."""
     tokens = list(completion.token_ids)
     if getattr(completion, "sampling_mask", None) is not None:
@@ -62,21 +62,28 @@ def completion_kept_ids(completion: Any) -> torch.Tensor:
     if len(sets) != len(tokens):
         raise ValueError(f"vLLM returned {len(sets)} kept sets for a completion of {len(tokens)} tokens.")
     width = max((len(ids) for ids in sets), default=1)
-    kept = torch.full((len(tokens), max(width, 1)), -1, dtype=torch.long)
+    kept = torch.full((len(tokens), max(width, 1)), -1, dtype=torch.int32)
     for position, (token, ids) in enumerate(zip(tokens, sets, strict=True)):
         if token not in ids:
             raise ValueError(f"vLLM's kept set at completion token {position} does not hold the sampled token "
                              f"{token}.")
-        kept[position, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        kept[position, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
     return kept
 
 
 class KeptSetReader:
-    """The kept sets of the engine's last ``KEPT_CALLS`` generate calls, by row (module docstring)."""
+    """The kept sets of the engine's recent generate calls, by row (module docstring): of the last ``training_calls``
+    calls made while the policy trains (a generation batch is scored over ``steps_per_generation`` x
+    ``num_iterations`` steps, and dynamic sampling fills it in up to 1 + ``dynamic_sampling_max_rounds`` calls) and
+    of the last call made in evaluation (scored at once), so that an evaluation between two steps of one generation
+    batch does not drop the batch's kept sets. ``training``: whether the policy is in training mode now."""
 
-    def __init__(self, top_k: int):
+    def __init__(self, top_k: int, training: Callable[[], bool] = lambda: True, training_calls: int = 1):
         self.top_k = top_k
+        self.training = training
+        self.training_calls = training_calls
         self.calls: OrderedDict[int, dict[tuple[int, ...], torch.Tensor]] = OrderedDict()
+        self.eval_call: dict[tuple[int, ...], torch.Tensor] = {}
         self._count = 0
         self._asked: int | None = None
 
@@ -97,14 +104,17 @@ class KeptSetReader:
                 if (self._asked or 0) < self.top_k and completion.logprobs is not None:  # what TRL asked for
                     completion.logprobs = [{token: position[token]} for token, position
                                            in zip(completion.token_ids, completion.logprobs, strict=True)]
+        if not self.training():
+            self.eval_call = rows
+            return outputs
         self._count += 1
         self.calls[self._count] = rows
-        while len(self.calls) > KEPT_CALLS:
+        while len(self.calls) > self.training_calls:
             self.calls.popitem(last=False)
         return outputs
 
     def lookup(self, token_ids: tuple[int, ...]) -> torch.Tensor | None:
-        for rows in reversed(self.calls.values()):
+        for rows in (self.eval_call, *reversed(self.calls.values())):
             if token_ids in rows:
                 return rows[token_ids]
         return None
@@ -126,7 +136,7 @@ class KeptSetReader:
         width = max(kept.shape[1] for _, _, kept in found)
         out = torch.full((rows, length - 1, width), -1, dtype=torch.long)
         for row, positions, kept in found:
-            out[row, positions, : kept.shape[1]] = kept
+            out[row, positions, : kept.shape[1]] = kept.long()
         return out.to(input_ids.device)
 
 
@@ -186,7 +196,9 @@ def install_kept_set_replay(trainer: Any) -> KeptSetReader | None:
         raise ValueError("Replaying vLLM's kept sets (top-k sampling with use_vllm) reads the LM head's rows outside "
                          "the forward, which DeepSpeed ZeRO-3 and FSDP shard; not supported yet: train with ZeRO-2 / "
                          "DDP or sample without truncation (docs/methods.md §17.3).")
-    reader = seam.add_reader(READER, KeptSetReader(effective_sampling(args)["top_k"]))
+    rounds = 1 + (args.dynamic_sampling_max_rounds if getattr(args, "dynamic_sampling", False) else 0)
+    reader = seam.add_reader(READER, KeptSetReader(effective_sampling(args)["top_k"], lambda: trainer.model.training,
+                                                   training_calls=rounds))
     from accelerate.utils import is_peft_model
 
     temperature = getattr(trainer, "loss_logps_temperature", trainer.temperature)
