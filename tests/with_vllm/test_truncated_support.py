@@ -64,8 +64,9 @@ def _kept_set_reader(trainer):
 
 def test_replayed_kept_sets_make_the_vllm_ratio_unbiased(tiny_vllm_model, shared_engine, tmp_path):
     """top_p 0.7, top_k 5: TRL's old log-probabilities (log q on vLLM's kept sets, replayed) against vLLM's: the mean
-    log ratio is about 0; the full-vocabulary log p of the same tokens (what TRL computed before) is off by log S."""
-    args = tiny_config(tmp_path, use_vllm=True, vllm_mode="colocate", temperature=0.9,
+    log ratio is about 0; the full-vocabulary log p of the same tokens (what TRL computed before) is off by log S.
+    The reference model (beta > 0, still equal to the policy) is scored on the same kept sets."""
+    args = tiny_config(tmp_path, use_vllm=True, vllm_mode="colocate", temperature=0.9, beta=0.04,
                        vllm_importance_sampling_correction=True, **REPLAYED)
     trainer = make_trainer(tiny_vllm_model, args, reward_funcs=[binary_letters_reward], train_dataset=16)
     output = trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
@@ -83,6 +84,7 @@ def test_replayed_kept_sets_make_the_vllm_ratio_unbiased(tiny_vllm_model, shared
     assert abs(with_replay) < 0.01
     assert without_replay < -0.1  # the bias replay removes (measured -0.25 to -0.30 on this model)
     assert (output["old_per_token_logps"] - vllm_logps)[mask].abs().max() < TOLERANCE  # token by token
+    assert (output["ref_per_token_logps"] - vllm_logps)[mask].abs().max() < TOLERANCE  # the reference model too
 
     # vLLM's kept sets equal the ones recomputed from the sampling parameters on the trainer's logits (float64),
     # wherever the float64 decision is not within rounding of a boundary (there the two may fall either side)
@@ -124,3 +126,36 @@ def test_a_kept_set_without_its_sampled_token_is_refused():
                            sampling_mask=SamplingMask([[3, 4], [8]]))
     with pytest.raises(ValueError, match="does not hold the sampled token 7"):
         completion_kept_ids(bad)
+
+
+def test_replay_covers_a_lora_policy_and_its_reference(tiny_vllm_model, shared_engine, tmp_path):
+    """LoRA with beta > 0: the reference is the base model (adapter disabled, the same forward), so at the first
+    generation (the adapter's B = 0) TRL's old and reference log-probabilities both equal vLLM's on the kept sets; then
+    rollout_correction_bypass trains 2 steps with finite metrics."""
+    import math
+
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    from sharpgrpo import SharpGRPOTrainer
+
+    args = tiny_config(tmp_path, use_vllm=True, vllm_mode="colocate", max_steps=2, temperature=0.9, beta=0.04,
+                       strategies=["rollout_correction_bypass"], vllm_importance_sampling_correction=False,
+                       loss_type="grpo", **REPLAYED)
+    trainer = SharpGRPOTrainer(model=tiny_vllm_model, reward_funcs=[binary_letters_reward], args=args,
+                               train_dataset=demo_dataset(64), processing_class=AutoTokenizer.from_pretrained(
+                                   tiny_vllm_model),
+                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([demo_dataset(16)[i // 8] for i in range(16)])
+    mask = output["completion_mask"].bool()
+    vllm_logps = output["sampling_per_token_logps"]
+    assert (output["ref_per_token_logps"] - vllm_logps)[mask].abs().max() < TOLERANCE
+    policy = trainer._sampling_logps(output)  # the policy's own forward (adapter active)
+    assert (policy - vllm_logps)[mask].abs().max() < TOLERANCE
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2
+    for entry in logs:
+        assert all(math.isfinite(v) for v in entry.values() if isinstance(v, (int, float))), entry
+        assert abs(entry["rollout_corr/kl"]) < 1e-3, entry
