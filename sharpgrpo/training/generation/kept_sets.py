@@ -39,6 +39,7 @@ import torch
 from sharpgrpo.strategies.rollout_correction import effective_sampling, kept_set_logps, replays_kept_sets
 from sharpgrpo.training.generation.policy_inputs import zero3_enabled
 from sharpgrpo.training.generation.vllm_outputs import engine_outputs
+from sharpgrpo.validation import ConfigError
 
 READER = "kept_sets"  # its name on the engine's EngineOutputs
 
@@ -193,9 +194,9 @@ def install_kept_set_replay(trainer: Any) -> KeptSetReader | None:
             seam.readers.pop(READER, None)
         return None
     if zero3_enabled(trainer.accelerator) or trainer.is_fsdp_enabled:
-        raise ValueError("Replaying vLLM's kept sets (top-k sampling with use_vllm) reads the LM head's rows outside "
-                         "the forward, which DeepSpeed ZeRO-3 and FSDP shard; not supported yet: train with ZeRO-2 / "
-                         "DDP or sample without truncation (docs/methods.md §17.3).")
+        raise ConfigError(f"top_k={effective_sampling(args)['top_k']} with use_vllm: replaying vLLM's kept sets reads "
+                          "the LM head's rows outside the forward, which DeepSpeed ZeRO-3 and FSDP shard; not "
+                          "supported yet: train with ZeRO-2 / DDP or sample without truncation (docs/methods.md §17.3).")
     rounds = 1 + (args.dynamic_sampling_max_rounds if getattr(args, "dynamic_sampling", False) else 0)
     reader = seam.add_reader(READER, KeptSetReader(effective_sampling(args)["top_k"], lambda: trainer.model.training,
                                                    training_calls=rounds))
