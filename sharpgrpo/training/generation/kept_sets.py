@@ -194,9 +194,10 @@ def install_kept_set_replay(trainer: Any) -> KeptSetReader | None:
             seam.readers.pop(READER, None)
         return None
     if zero3_enabled(trainer.accelerator) or trainer.is_fsdp_enabled:
-        raise ConfigError(f"top_k={effective_sampling(args)['top_k']} with use_vllm: replaying vLLM's kept sets reads "
-                          "the LM head's rows outside the forward, which DeepSpeed ZeRO-3 and FSDP shard; not "
-                          "supported yet: train with ZeRO-2 / DDP or sample without truncation (docs/methods.md §17.3).")
+        top_k = effective_sampling(args)["top_k"]
+        raise ConfigError(f"top_k={top_k} with use_vllm: replaying vLLM's kept sets reads the LM head's rows "
+                          "outside the forward, which DeepSpeed ZeRO-3 and FSDP shard; not supported yet: train with "
+                          "ZeRO-2 / DDP or sample without truncation (docs/methods.md §17.3).")
     rounds = 1 + (args.dynamic_sampling_max_rounds if getattr(args, "dynamic_sampling", False) else 0)
     reader = seam.add_reader(READER, KeptSetReader(effective_sampling(args)["top_k"], lambda: trainer.model.training,
                                                    training_calls=rounds))
