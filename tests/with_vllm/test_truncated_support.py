@@ -16,6 +16,7 @@ from vllm_marks import NEEDS_VLLM
 
 from sharpgrpo.data.demo import demo_dataset
 from sharpgrpo.strategies.rollout_correction import truncated_support, truncated_support_logps
+from sharpgrpo.training.generation.vllm_outputs import engine_outputs
 
 pytestmark = NEEDS_VLLM
 
@@ -57,7 +58,6 @@ REPLAYED = dict(top_k=5, top_p=0.7)
 
 def _kept_set_reader(trainer):
     from sharpgrpo.training.generation.kept_sets import READER
-    from sharpgrpo.training.generation.vllm_outputs import engine_outputs
 
     return engine_outputs(trainer.vllm_generation).readers[READER]
 
@@ -85,6 +85,12 @@ def test_replayed_kept_sets_make_the_vllm_ratio_unbiased(tiny_vllm_model, shared
     assert without_replay < -0.1  # the bias replay removes (measured -0.25 to -0.30 on this model)
     assert (output["old_per_token_logps"] - vllm_logps)[mask].abs().max() < TOLERANCE  # token by token
     assert (output["ref_per_token_logps"] - vllm_logps)[mask].abs().max() < TOLERANCE  # the reference model too
+
+    # the engine-output seam kept the batch's RequestOutputs (what a reader of routed experts would read too)
+    last = engine_outputs(trainer.vllm_generation).last
+    assert [list(request.outputs[0].token_ids) for request in last] == [
+        row[row_mask].tolist() for row, row_mask in zip(output["completion_ids"], mask, strict=True)]
+    assert all(len(position) == 1 for request in last for position in request.outputs[0].logprobs)  # as TRL asked
 
     # vLLM's kept sets equal the ones recomputed from the sampling parameters on the trainer's logits (float64),
     # wherever the float64 decision is not within rounding of a boundary (there the two may fall either side)

@@ -12,8 +12,9 @@ vLLM is edited) so that readers registered on it can
 * read the ``RequestOutput``s after it ran, and hand TRL back what it would have received without the adjustment
   (``EngineOutputReader.read``).
 
-The last call's outputs (as vLLM returned them, before any reader's ``read``) stay in ``EngineOutputs.last`` until the
-next call. Under tensor parallelism every process of a group generates the whole group's prompts (TRL slices them
+The last call's ``RequestOutput`` objects stay in ``EngineOutputs.last`` until the next call (the objects vLLM
+returned; a reader's ``read`` may take out what its ``request`` added, as the kept-set reader does with the extra
+log-probabilities, so read per-token outputs of your own in a reader, or ask for them in ``request``). Under tensor parallelism every process of a group generates the whole group's prompts (TRL slices them
 afterwards), so ``last`` holds the group's requests; a reader matches rows by their token ids, not by position.
 """
 
