@@ -14,8 +14,9 @@ vLLM is edited) so that readers registered on it can
 
 The last call's ``RequestOutput`` objects stay in ``EngineOutputs.last`` until the next call (the objects vLLM
 returned; a reader's ``read`` may take out what its ``request`` added, as the kept-set reader does with the extra
-log-probabilities, so read per-token outputs of your own in a reader, or ask for them in ``request``). Under tensor parallelism every process of a group generates the whole group's prompts (TRL slices them
-afterwards), so ``last`` holds the group's requests; a reader matches rows by their token ids, not by position.
+log-probabilities, so read per-token outputs of your own in a reader, or ask for them in ``request``). Under tensor
+parallelism every process of a group generates the whole group's prompts (TRL slices them afterwards), so ``last``
+holds the group's requests; a reader matches rows by their token ids, not by position.
 """
 
 from __future__ import annotations
