@@ -43,3 +43,6 @@ def test_the_fused_forward_scores_replayed_rows_on_their_kept_sets(tiny_model_pa
     head = model.get_output_embeddings().weight
     assert head.grad is not None and head.grad.abs().sum() > 0
     assert next(model.model.layers.parameters()).grad.abs().sum() > 0  # through the backbone's hidden states
+    with torch.no_grad():  # generation still goes through the original forward (kwargs validated against it)
+        assert model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2,
+                              do_sample=False).shape == (3, 6)

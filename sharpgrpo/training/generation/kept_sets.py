@@ -30,6 +30,7 @@ keeps the full-vocabulary log-probability. The per-token entropies stay those of
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -160,6 +161,7 @@ def replay_kept_sets(model: Any, reader: KeptSetReader, temperature: float) -> N
     fused_forward = model.forward
     scale, softcap = head_transform(model)
 
+    @functools.wraps(fused_forward)  # the signature transformers' generate validates its model kwargs against
     def forward(*args, fused_lm_head: bool = False, labels=None, **kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         kept = reader.kept_ids(input_ids, kwargs.get("attention_mask")) if fused_lm_head and labels is not None \
