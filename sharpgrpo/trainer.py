@@ -105,7 +105,7 @@ class SharpGRPOTrainer(GRPOTrainer):
         if loss_temperature is not None and loss_temperature != self.temperature:  # e.g. released CW-GRPO: 1.0
             score_logps_at(self, loss_temperature)
         if self.use_vllm and self.vllm_mode == "colocate":
-            prepare_colocated_engine(self.vllm_generation, args, self.accelerator.process_index)  # seed, sync
+            prepare_colocated_engine(self)  # seed, sync, kept sets (training.generation.vllm_sync)
         self._paper = trl_paper(args.strategies, self._paper)
         self._input_providers = input_providers(self, self._needs().inputs)  # sharpgrpo.training.generation.inputs
         self._dynamic_sampler = dynamic_sampler(self)  # its filter checked against the run's reward functions

@@ -293,25 +293,14 @@ def rejected_fractions(keep: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Te
     return _masked_mean(rejected.to(keep.dtype), mask), rejected.any(dim=-1).to(keep.dtype).mean()
 
 
-def truncated_support_logps(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-    min_p: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampled tokens' log-probabilities on the support a truncating sampler kept, and the log of the kept mass.
-
-    A sampler that truncates (``top_k`` > 0, ``top_p`` < 1, ``min_p`` > 0) draws from the temperature-scaled
-    distribution renormalised over the tokens it keeps, ``q(y) = p(y) / S`` with ``S`` the kept mass; vLLM reports
-    ``log q`` (``logprobs_mode="processed_logprobs"``, as TRL starts it), the trainer computes ``log p`` over the whole
-    vocabulary, so ``log p - log q = log S`` for every token: the truncated-support bias of TRL's importance ratio
-    (trl#6789). Replaying the truncation on the trainer's logits gives ``log q`` back. The kept set is built as vLLM
-    0.31's sampler builds it (``vllm/v1/sample/sampler.py`` ``Sampler.sample``: temperature, then min-p, then
+def truncated_support(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                      min_p: float = 0.0) -> torch.Tensor:
+    """The kept set a truncating sampler builds from ``logits`` (B, T, V) -> (B, T, V) bool, as vLLM 0.31's sampler
+    builds it (``vllm/v1/sample/sampler.py`` ``Sampler.sample``: temperature, then min-p, then
     ``apply_top_k_top_p_pytorch`` in ``vllm/v1/sample/ops/topk_topp_sampler.py``: top-k, then top-p over the
-    top-k-renormalised distribution, keeping at least the most likely token); the sampled token always counts as kept
-    (a token at the boundary may fall either side by float rounding).
-
-    Shapes: ``logits`` (B, T, V), ``tokens`` (B, T) -> (``log q`` (B, T), ``log S`` (B, T)).
-    """
-    scaled = logits.float() / temperature
+    top-k-renormalised distribution, keeping at least the most likely token). Computed in ``logits``' dtype at least
+    float32 (pass float64 for a reference)."""
+    scaled = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
     full = torch.log_softmax(scaled, dim=-1)
     kept = torch.ones_like(scaled, dtype=torch.bool)
     if min_p > 0:
@@ -325,10 +314,99 @@ def truncated_support_logps(
         below = torch.cumsum(ordered.exp(), dim=-1) <= 1 - top_p
         below[..., -1] = False
         kept &= ~torch.zeros_like(below).scatter(-1, order, below)
+    return kept
+
+
+def truncated_support_logps(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+    min_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled tokens' log-probabilities on the support a truncating sampler kept, and the log of the kept mass.
+
+    A sampler that truncates (``top_k`` > 0, ``top_p`` < 1, ``min_p`` > 0) draws from the temperature-scaled
+    distribution renormalised over the tokens it keeps, ``q(y) = p(y) / S`` with ``S`` the kept mass; vLLM reports
+    ``log q`` (``logprobs_mode="processed_logprobs"``, as TRL starts it), the trainer computes ``log p`` over the whole
+    vocabulary, so ``log p - log q = log S`` for every token: the truncated-support bias of TRL's importance ratio
+    (trl#6789). Replaying the truncation on the trainer's logits gives ``log q`` back. The kept set is
+    :func:`truncated_support`'s; the sampled token always counts as kept (a token at the boundary may fall either
+    side by float rounding). With the kept set vLLM itself returned, :func:`kept_set_logps` needs no sampling
+    parameters (``sharpgrpo.training.generation.kept_sets``).
+
+    Shapes: ``logits`` (B, T, V), ``tokens`` (B, T) -> (``log q`` (B, T), ``log S`` (B, T)).
+    """
+    full = torch.log_softmax(logits.float() / temperature, dim=-1)
+    kept = truncated_support(logits, temperature, top_k, top_p, min_p)
     kept.scatter_(-1, tokens.unsqueeze(-1), True)
     log_kept_mass = torch.logsumexp(full.masked_fill(~kept, -math.inf), dim=-1)
     token_logps = full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return token_logps - log_kept_mass, log_kept_mass
+
+
+VLLM_MAX_LOGPROBS = 20  # vLLM 0.31 ModelConfig.max_logprobs default; TRL 1.16 does not change it
+
+
+def effective_sampling(args: Any) -> dict[str, float]:
+    """``top_k``, ``top_p``, ``min_p`` as vLLM receives them: the config's, overridden by ``generation_kwargs``
+    (``top_k`` 0 or -1 and ``min_p`` 0 are off, as in TRL and vLLM)."""
+    kwargs = dict(getattr(args, "generation_kwargs", None) or {})
+    top_k, top_p, min_p = (kwargs.get(key, getattr(args, key, None)) for key in ("top_k", "top_p", "min_p"))
+    return {"top_k": max(int(top_k or 0), 0), "top_p": 1.0 if top_p is None else float(top_p),
+            "min_p": float(min_p or 0.0)}
+
+
+def sampling_truncates(args: Any) -> bool:
+    sampling = effective_sampling(args)
+    return sampling["top_k"] > 0 or sampling["top_p"] < 1.0 or sampling["min_p"] > 0.0
+
+
+def kept_set_problem(args: Any) -> str | None:
+    """Why a truncating run's kept sets cannot be replayed (a clause), or None where they can or nothing is
+    truncated (``sharpgrpo.training.generation.kept_sets``): they are read from the colocated vLLM engine's outputs,
+    and bounded only with top-k on, at most ``VLLM_MAX_LOGPROBS``."""
+    if not sampling_truncates(args):
+        return None
+    top_k = effective_sampling(args)["top_k"]
+    if not getattr(args, "use_vllm", False) or args.vllm_mode != "colocate":
+        return ("the kept sets are read from the colocated vLLM engine's outputs, and this backend returns none "
+                "(a vLLM server, the rollout process, transformers)")
+    if top_k <= 0:
+        return (f"with top-p / min-p alone the kept set is unbounded, and vLLM returns kept sets only with top-k on "
+                f"(its return_sampling_mask refuses top_k <= 0); set top_k (1 to {VLLM_MAX_LOGPROBS})")
+    if top_k > VLLM_MAX_LOGPROBS:
+        return (f"top_k={top_k}: the kept sets are read from vLLM's top-{top_k} log-probabilities, and vLLM returns "
+                f"at most max_logprobs={VLLM_MAX_LOGPROBS}")
+    return None
+
+
+def replays_kept_sets(args: Any) -> bool:
+    """Whether the run replays vLLM's kept sets: colocated vLLM sampling with a truncation whose kept sets are read."""
+    return bool(getattr(args, "use_vllm", False)) and sampling_truncates(args) and kept_set_problem(args) is None
+
+
+def kept_set_logps(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
+    kept_ids: torch.Tensor, temperature: float, logit_scale: float = 1.0, softcap: float | None = None,
+) -> torch.Tensor:
+    """The sampled tokens' log-probabilities on a given kept set: ``log q(y) = z_y - logsumexp_{k in K} z_k`` with
+    ``z = softcap tanh(logit_scale (h W^T + b) / softcap) / T`` (the transform of TRL 1.16's fused head), computed
+    only at the kept ids (``log p(y) - log S`` without the full vocabulary's normaliser, which cancels). Differentiable
+    in ``hidden``, ``weight`` and ``bias``; float32.
+
+    Shapes: ``hidden`` (N, H), ``weight`` (V, H), ``bias`` (V,) or None, ``tokens`` (N,), ``kept_ids`` (N, K) with -1
+    padding (each row holds its token) -> (N,)."""
+    if kept_ids.numel() and not bool((kept_ids == tokens.unsqueeze(-1)).any(dim=-1).all()):
+        raise ValueError("kept_ids: a token's kept set does not hold the sampled token.")
+    valid = kept_ids >= 0
+    rows = weight[kept_ids.clamp_min(0)].float()  # (N, K, H)
+    logits = torch.einsum("nh,nkh->nk", hidden.float(), rows)
+    if bias is not None:
+        logits = logits + bias[kept_ids.clamp_min(0)].float()
+    logits = logits * logit_scale
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = (logits / temperature).masked_fill(~valid, -math.inf)
+    token_logits = logits.masked_fill(kept_ids != tokens.unsqueeze(-1), -math.inf).amax(dim=-1)
+    return token_logits - torch.logsumexp(logits, dim=-1)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -440,14 +518,10 @@ class _RolloutCorrection(TokenLossStrategy):
         if args.use_vllm and args.vllm_importance_sampling_correction:
             raise ConfigError(f"strategies: {name} replaces TRL's vLLM importance-sampling correction; set "
                               "vllm_importance_sampling_correction=false.")
-        truncating = [f"{key}={value}" for key, value, off in (("top_k", args.top_k, (0, -1, None)),
-                      ("top_p", args.top_p, (1.0, None)), ("min_p", args.min_p, (0.0, None))) if value not in off]
-        truncating += [f"generation_kwargs.{key}" for key in ("top_k", "top_p", "min_p")
-                       if key in (args.generation_kwargs or {})]
-        if truncating and args.use_vllm:  # the rollout process's log-probabilities are the policy's, untruncated
-            raise ConfigError(f"strategies: {name} with truncated sampling ({', '.join(truncating)}): vLLM's "
-                              "log-probabilities are then of the truncated, renormalised distribution, so every ratio "
-                              "carries log(kept mass) (trl#6789); sample without truncation.")
+        problem = kept_set_problem(args) if args.use_vllm else None  # the rollout process samples untruncated p
+        if problem is not None:  # replayed kept sets make vLLM's and the trainer's log-probabilities comparable
+            raise ConfigError(f"strategies: {name} with truncated sampling: vLLM's log-probabilities are then of the "
+                              f"truncated, renormalised distribution, and {problem} (docs/methods.md §17.3).")
 
     def _terms(self, context: LossContext, factor: torch.Tensor | None, keep: torch.Tensor, **fields
                ) -> LossTerms:

@@ -223,3 +223,56 @@ def test_truncated_support_logps_against_a_loop(top_k, top_p, min_p):
         assert log_kept.abs().max() < 1e-6  # no truncation: no bias
     else:
         assert log_kept.max() < -1e-3  # truncation: every token carries it
+
+
+def kept_set_reference(h, weight, bias, token, kept, temperature, scale, softcap):
+    """log q(y) on kept set K by a float64 loop: z_k = softcap tanh(scale (h . W_k + b_k) / softcap) / T."""
+    def z(k):
+        value = sum(float(h[j]) * float(weight[k, j]) for j in range(len(h)))
+        value = scale * (value + (float(bias[k]) if bias is not None else 0.0))
+        return (softcap * math.tanh(value / softcap) if softcap else value) / temperature
+    return z(token) - math.log(sum(math.exp(z(k)) for k in kept))
+
+
+@pytest.mark.parametrize("with_bias, scale, softcap", [(False, 1.0, None), (True, 0.5, 3.0)])
+def test_kept_set_logps_against_a_loop(with_bias, scale, softcap):
+    generator = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(6, 4, generator=generator, dtype=D), torch.randn(12, 4, generator=generator, dtype=D)
+    bias = torch.randn(12, generator=generator, dtype=D) if with_bias else None
+    tokens = torch.randint(12, (6,), generator=generator)
+    kept = torch.full((6, 4), -1)
+    for n in range(6):  # ragged kept sets of 1 to 4 ids, each holding its token
+        others = [int(i) for i in torch.randperm(12, generator=generator) if int(i) != int(tokens[n])][: n % 4]
+        kept[n, : len(others) + 1] = torch.tensor([int(tokens[n]), *others])
+    weight.requires_grad_(True)
+    logq = rc.kept_set_logps(hidden, weight, bias, tokens, kept, 0.9, scale, softcap)
+    for n in range(6):
+        ids = [int(i) for i in kept[n] if i >= 0]
+        expected = kept_set_reference(hidden[n], weight.detach(), bias, int(tokens[n]), ids, 0.9, scale, softcap)
+        assert abs(float(logq[n].detach()) - expected) < 1e-5
+    assert float(logq.detach()[kept[:, 1] < 0].abs().max()) < 1e-6  # a kept set of one token: log q = 0
+    logq.sum().backward()
+    assert weight.grad.abs().sum() > 0  # the policy learns through the replayed log-probabilities
+
+
+def test_kept_set_logps_on_the_sampling_parameters_kept_set_equal_the_replay():
+    """Where the kept set is the one the sampling parameters make (truncated_support, float64), log q on it is
+    truncated_support_logps's."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 5, 8, generator=generator, dtype=D)
+    weight = torch.randn(30, 8, generator=generator, dtype=D)
+    logits = hidden @ weight.T
+    tokens = torch.distributions.Categorical(logits=logits).sample()
+    support = rc.truncated_support(logits, 0.9, top_k=6, top_p=0.8)
+    support.scatter_(-1, tokens[..., None], True)
+    width = int(support.sum(-1).max())
+    kept = torch.where(support, torch.arange(30), -1).sort(-1, descending=True).values[..., :width]
+    logq = rc.kept_set_logps(hidden.reshape(-1, 8), weight, None, tokens.reshape(-1), kept.reshape(-1, width), 0.9)
+    expected, log_kept = rc.truncated_support_logps(logits, tokens, 0.9, top_k=6, top_p=0.8)
+    torch.testing.assert_close(logq.double(), expected.reshape(-1).double(), atol=1e-5, rtol=0)
+    assert log_kept.max() < -1e-3  # the case truncates
+
+
+def test_a_kept_set_without_its_token_is_refused():
+    with pytest.raises(ValueError, match="does not hold the sampled token"):
+        rc.kept_set_logps(torch.randn(1, 4), torch.randn(8, 4), None, torch.tensor([2]), torch.tensor([[1, 3]]), 1.0)

@@ -131,7 +131,9 @@ def test_trls_four_modes_are_members_of_the_family(mode):
 @pytest.mark.parametrize("overrides, setting", [
     (dict(use_vllm=False), "use_vllm=True"),
     (dict(use_vllm=True), "vllm_importance_sampling_correction=false"),
-    (dict(use_vllm=True, vllm_importance_sampling_correction=False, top_k=5), "top_k=5"),
+    (dict(use_vllm=True, vllm_importance_sampling_correction=False, top_p=0.7), "set top_k"),  # kept set unbounded
+    (dict(use_vllm=True, vllm_importance_sampling_correction=False, top_k=50), "top_k=50"),  # over max_logprobs
+    (dict(use_vllm=True, vllm_importance_sampling_correction=False, top_k=5, vllm_mode="server"), "vLLM server"),
     (dict(use_vllm=True, vllm_importance_sampling_correction=False, rollout_rs="seq_max_k1",
           rollout_rs_threshold="2"), "rollout_rs="),
     (dict(use_vllm=True, vllm_importance_sampling_correction=False, rollout_rs="token_k2"), "rollout_rs_threshold"),
@@ -145,6 +147,18 @@ def test_bad_settings_are_refused_at_config_time(overrides, setting, tmp_path):
     with pytest.raises(ConfigError) as error:
         cpu_config(tmp_path, strategies=["rollout_correction"], **overrides)
     assert setting in str(error.value) and "\n" not in str(error.value)
+
+
+def test_truncated_sampling_passes_where_vllms_kept_sets_are_replayed(tmp_path):
+    from helpers import cpu_config
+
+    args = cpu_config(tmp_path, strategies=["rollout_correction"], use_vllm=True, vllm_mode="colocate",
+                      vllm_importance_sampling_correction=False, top_k=5, top_p=0.7)
+    assert rc.replays_kept_sets(args) and rc.kept_set_problem(args) is None
+    args = cpu_config(tmp_path, strategies=["rollout_correction"], use_vllm=True, vllm_mode="colocate",
+                      vllm_importance_sampling_correction=False, generation_kwargs={"top_k": 8, "min_p": 0.05})
+    assert rc.replays_kept_sets(args)
+    assert not rc.replays_kept_sets(cpu_config(tmp_path, use_vllm=True, vllm_mode="colocate"))  # nothing truncated
 
 
 def test_a_valid_setting_passes_and_composes_with_a_weight_strategy(tmp_path):

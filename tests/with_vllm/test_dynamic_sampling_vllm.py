@@ -47,3 +47,22 @@ def test_dynamic_sampling_refills_through_the_colocated_engine(tiny_vllm_model, 
         assert 0 <= entry["dynamic_sampling/extra_rounds"] <= 6
         assert entry["dynamic_sampling/groups_generated"] == 4 * (entry["dynamic_sampling/extra_rounds"] + 1)
     assert sum(entry["dynamic_sampling/groups_dropped"] for entry in logged) >= 1  # the filter had work to do
+
+
+def test_refill_rounds_keep_their_kept_sets_under_truncated_sampling(tiny_vllm_model, shared_engine, tmp_path):
+    """top_k 5, top_p 0.7 with dynamic sampling: the batch the loss sees mixes rows of several generate calls, and every
+    one is scored on its kept sets (``kept_sets.KeptSetReader`` keeps 1 + dynamic_sampling_max_rounds calls), so
+    rollout_correction measures no mismatch; a row scored on the full vocabulary would add about 0.48 (log S) to
+    rollout_corr/kl (tests/with_vllm/test_truncated_support.py)."""
+    from helpers import make_trainer, tiny_config
+
+    args = tiny_config(tmp_path, use_vllm=True, vllm_mode="colocate", per_device_train_batch_size=16,
+                       num_generations=G, max_steps=2, dynamic_sampling=True, dynamic_sampling_max_rounds=6,
+                       temperature=0.9, top_k=5, top_p=0.7, strategies=["rollout_correction"],
+                       vllm_importance_sampling_correction=False)
+    trainer = make_trainer(tiny_vllm_model, args, reward_funcs=[solved_often_reward], train_dataset=64)
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "dynamic_sampling/extra_rounds" in entry]
+    assert len(logged) == 2 and sum(entry["dynamic_sampling/extra_rounds"] for entry in logged) >= 1
+    for entry in logged:
+        assert abs(entry["rollout_corr/kl"]) < 1e-3, entry

@@ -203,7 +203,10 @@ def old_logps_source(use_vllm: bool, vllm_mode: str | None, trl_computes_old_log
         if problem is None:
             return ("vLLM's own per-token log-probabilities (colocate, processed_logprobs: temperature-scaled, "
                     "untruncated)")
-        return f"the policy's own log-probabilities, recomputed by a no-grad forward ({problem}, so they are not used)"
+        replayed = ("; with colocated vLLM and top_k on, that forward scores vLLM's kept sets (docs/methods.md §17.3)"
+                    if truncation and vllm_mode == "colocate" else "")
+        return (f"the policy's own log-probabilities, recomputed by a no-grad forward ({problem}, so they are not "
+                f"used{replayed})")
     if generation_capture:
         return "read from transformers' decoding steps (log softmax(raw logits / T) at the sampled token)"
     return "the policy's own log-probabilities, recomputed by a no-grad forward"

@@ -84,11 +84,14 @@ def use_layerwise_sync_where_needed(generation: Any) -> bool:
     return True
 
 
-def prepare_colocated_engine(generation: Any, args, process_index: int) -> None:
+def prepare_colocated_engine(trainer: Any) -> None:
     """After TRL started its colocated engine: reseed this process's sampling from ``seed``
-    (``vllm_seeding.seed_colocated_vllm``) and sync weights with vLLM's layerwise reload where the platform needs it
-    (:func:`use_layerwise_sync_where_needed`)."""
+    (``vllm_seeding.seed_colocated_vllm``), sync weights with vLLM's layerwise reload where the platform needs it
+    (:func:`use_layerwise_sync_where_needed`), and, under top-k sampling, replay the engine's kept sets in the
+    trainer's log-probabilities (``kept_sets.install_kept_set_replay``)."""
+    from sharpgrpo.training.generation.kept_sets import install_kept_set_replay
     from sharpgrpo.training.generation.vllm_seeding import seed_colocated_vllm
 
-    seed_colocated_vllm(args, process_index)
-    use_layerwise_sync_where_needed(generation)
+    seed_colocated_vllm(trainer.args, trainer.accelerator.process_index)
+    use_layerwise_sync_where_needed(trainer.vllm_generation)
+    install_kept_set_replay(trainer)
