@@ -32,6 +32,7 @@ from transformers import TrainerCallback
 
 from sharpgrpo.strategies import STRATEGIES, LossTerms
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
+from sharpgrpo.training.generation.routing_replay import AGREEMENT_KEY
 
 SCHEMA_VERSION = 1
 METADATA_KEY = "sharpgrpo.telemetry"
@@ -77,6 +78,8 @@ COLUMNS: dict[str, str] = {
     "reward": "the completion's total (weighted) reward",
     "policy_version": "async_generation: the weights' version the row was generated with (the trainer's global_step "
     "when they were published)",
+    "routing/agreement": "routing_replay: the fraction of MoE layers whose own top-k experts in the loss's forward "
+    "(the live router, before replay) are the ones recorded at sampling (null where the token had no recorded route)",
     "versions_behind": "async_generation: how many versions the row's weights lag the step that trained on it "
     "(step - 1 - policy_version; 0 on-policy, at most max_staleness)",
 }
@@ -265,6 +268,9 @@ class TelemetryRecorder:
                 chunk[f"reward/{name}"] = values[:, f]
             weights = np.asarray(self.args.reward_weights or [1.0] * len(self.reward_names), dtype=np.float64)
             chunk["reward"] = np.nansum(values * weights, axis=1).astype(np.float32)
+        agreement = inputs.get(AGREEMENT_KEY)
+        if agreement is not None:  # routing_replay: set by the loss forward's replay (training.generation)
+            chunk["routing/agreement"] = column(agreement)
         for name, value in tensors.strategy_terms.items():  # each loss strategy's per-token terms
             chunk[name] = column(value)
         chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
