@@ -145,12 +145,17 @@ def _supervised_warm_start(model, tokenizer, texts, steps: int, batch_size: int 
     model.eval()
 
 
-@register_prepared_model(TINY_MODEL_NAME)
-def prepare_tiny_model(cache_dir: Path) -> Path:
-    directory = cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}"
-    if not (directory / "config.json").exists():  # first use: say what the pause is
+def build_on_first_use(directory: Path, name: str, description: str, **build_kwargs) -> Path:
+    """``build_tiny_model(directory, **build_kwargs)`` for the prepared model ``name``, saying on first use what the
+    pause is (``description``: what is built)."""
+    if not (directory / "config.json").exists():
         import sys
 
-        print(f"[sharpgrpo] building {TINY_MODEL_NAME} (first use: a 2-layer Qwen2 trained in memory, offline, "
-              f"seconds) into {directory}", file=sys.stderr, flush=True)  # fmt: skip
-    return build_tiny_model(directory)
+        print(f"[sharpgrpo] building {name} (first use: {description} trained in memory, offline, seconds) into "
+              f"{directory}", file=sys.stderr, flush=True)  # fmt: skip
+    return build_tiny_model(directory, **build_kwargs)
+
+
+@register_prepared_model(TINY_MODEL_NAME)
+def prepare_tiny_model(cache_dir: Path) -> Path:
+    return build_on_first_use(cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}", TINY_MODEL_NAME, "a 2-layer Qwen2")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sharpgrpo.models.prepared import register_prepared_model
-from sharpgrpo.models.tiny import TINY_MODEL_VERSION, build_tiny_model
+from sharpgrpo.models.tiny import TINY_MODEL_VERSION, build_on_first_use
 
 TINY_MOE_MODEL_NAME = "sharpgrpo-tiny-moe"
 TINY_MOE_CONFIG = {
@@ -28,10 +28,5 @@ TINY_MOE_CONFIG = {
 
 @register_prepared_model(TINY_MOE_MODEL_NAME)
 def prepare_tiny_moe_model(cache_dir: Path) -> Path:
-    directory = cache_dir / f"tiny-qwen3-moe-v{TINY_MODEL_VERSION}"
-    if not (directory / "config.json").exists():  # first use: say what the pause is
-        import sys
-
-        print(f"[sharpgrpo] building {TINY_MOE_MODEL_NAME} (first use: a 2-layer Qwen3-MoE trained in memory, "
-              f"offline, seconds) into {directory}", file=sys.stderr, flush=True)  # fmt: skip
-    return build_tiny_model(directory, architecture="qwen3_moe", extra_config=TINY_MOE_CONFIG)
+    return build_on_first_use(cache_dir / f"tiny-qwen3-moe-v{TINY_MODEL_VERSION}", TINY_MOE_MODEL_NAME,
+                              "a 2-layer Qwen3-MoE", architecture="qwen3_moe", extra_config=TINY_MOE_CONFIG)
