@@ -118,3 +118,21 @@ def test_lora_with_replay_trains_two_steps(tiny_moe_path, tmp_path):
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logs) == 2
     assert all(math.isfinite(e["loss"]) and math.isfinite(e["routing_replay/agreement"]) for e in logs)
+
+
+@pytest.mark.multiprocess
+def test_zero3_two_processes_with_replay_train_two_steps(tiny_moe_path, tmp_path):
+    """DeepSpeed ZeRO-3 on two processes (every parameter partitioned, the routers included; TRL's own generation
+    gathers them): routing replay trains two steps with finite metrics on every rank."""
+    pytest.importorskip("deepspeed")
+    from test_multiprocess import launch
+
+    case = dict(generation="trl", routing_replay=True, strategies="grpo_sg", temperature=1.0, max_steps=2,
+                per_device_train_batch_size=4, num_generations=4, max_completion_length=6)
+    (ranks,) = launch(tiny_moe_path, tmp_path, [case], "configs/accelerate/zero3.yaml")
+    for rank in ranks:
+        assert rank["distributed_type"] == "DistributedType.DEEPSPEED"
+        assert len(rank["log"]) == 2
+        for entry in rank["log"]:
+            for key in ("loss", "grad_norm", "routing_replay/agreement", "routing_replay/token_agreement"):
+                assert math.isfinite(entry[key]), key
