@@ -16,6 +16,7 @@ from sharpgrpo.training.generation.routing_replay import (
     COMPLETION_KEY,
     PROMPT_KEY,
     RoutingReplay,
+    check_routing_replay_model,
     find_routers,
     replayed_scores,
 )
@@ -215,5 +216,9 @@ def test_bad_inputs_are_refused_in_one_line(tiny_moe_path, tmp_path):
         cpu_config(tmp_path, routing_replay=True, use_vllm=True)
     with pytest.raises(ConfigError, match="async_generation") as asynchronous:
         cpu_config(tmp_path, routing_replay=True, async_generation=True)
-    for error in (dense, shape, other, vllm, asynchronous):
+    dense_model.config.save_pretrained(tmp_path / "dense")  # before the model loads: train.py reads its config
+    with pytest.raises(ConfigError, match="is not a mixture-of-experts model") as before_load:
+        check_routing_replay_model(str(tmp_path / "dense"), cpu_config(tmp_path, routing_replay=True))
+    check_routing_replay_model(tiny_moe_path, cpu_config(tmp_path, routing_replay=True))
+    for error in (dense, shape, other, vllm, asynchronous, before_load):
         assert "\n" not in str(error.value)

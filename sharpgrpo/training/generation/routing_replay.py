@@ -69,6 +69,27 @@ def check_routing_replay_config(args) -> None:
                           "routes; set async_generation: false or routing_replay: false.")
 
 
+def check_routing_replay_model(model_name: str, args) -> None:
+    """Before the model loads (``train.py``'s input checks): with ``routing_replay``, a model whose config declares no
+    experts per token (``num_experts_per_tok``: a dense model) is refused in one line. Read from its ``config.json``
+    (a local folder, a prepared model, the Hub); where that cannot be read, the hooks' own check refuses it later."""
+    if not getattr(args, "routing_replay", False):
+        return
+    from transformers import AutoConfig
+
+    from sharpgrpo.models.prepared import resolve_model_name
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_name(model_name))
+    except (OSError, ValueError):
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text, "num_experts_per_tok", None):
+        raise ConfigError(f"routing_replay: {model_name!r} ({type(config).__name__}) is not a mixture-of-experts "
+                          "model (its config declares no num_experts_per_tok), so it has no routes to replay; set "
+                          "routing_replay: false or train an MoE model (e.g. sharpgrpo-tiny-moe).")
+
+
 def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The top-k routers of a transformers MoE model, in layer order: modules named ``*TopKRouter`` with ``top_k``
     and ``num_experts`` (Qwen2-MoE, Qwen3-MoE, ...), whose forward returns (router_logits, router_scores,
