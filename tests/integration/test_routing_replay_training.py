@@ -136,3 +136,27 @@ def test_zero3_two_processes_with_replay_train_two_steps(tiny_moe_path, tmp_path
         for entry in rank["log"]:
             for key in ("loss", "grad_norm", "routing_replay/agreement", "routing_replay/token_agreement"):
                 assert math.isfinite(entry[key]), key
+
+
+def half_the_prompts_constant_reward(prompts, completions, **kwargs):
+    """0 for every completion of half the prompts (a group dynamic sampling drops), else one bit of the completion."""
+    import zlib
+
+    return [float(zlib.crc32(str(c).encode()) % 2) if zlib.crc32(str(p).encode()) % 2 else 0.0
+            for p, c in zip(prompts, completions, strict=True)]
+
+
+def test_dynamic_sampling_joins_the_rounds_routes(tiny_moe_path, tmp_path):
+    """Dynamic sampling joins rows of several generation rounds (prompts left padded to the widest): the stored routes
+    are joined the same way, and every loss forward still uses exactly them."""
+    from sharpgrpo.data.demo import demo_dataset
+
+    args = tiny_config(tmp_path, routing_replay=True, dynamic_sampling=True, strategies=["equal"],
+                       **{**MOE_TRAINING, "max_steps": 2})
+    trainer = CheckedTrainer(model=tiny_moe_path, reward_funcs=[half_the_prompts_constant_reward], args=args,
+                             train_dataset=demo_dataset(64))
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert trainer.checked == 2
+    assert sum(entry["dynamic_sampling/extra_rounds"] for entry in logs) > 0  # rows of several rounds were joined
+    assert all(math.isfinite(entry["routing_replay/agreement"]) for entry in logs)
