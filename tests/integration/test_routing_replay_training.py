@@ -62,7 +62,8 @@ def test_replay_trains_and_every_loss_forward_uses_the_stored_routes(tiny_moe_pa
     trainer.train()
     assert trainer.checked == 2  # one generation batch, trained on twice (num_iterations): one micro-batch a step
     assert trainer.live_differs > 0  # after an update the live router's choice differs: the replay did something
-    assert all(not torch.equal(r.weight, before) for r, before in zip(find_routers(trainer.model), routers, strict=True))
+    after = find_routers(trainer.model)
+    assert all(not torch.equal(r.weight, before) for r, before in zip(after, routers, strict=True))
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     for entry in logs:
         for key in ("loss", "grad_norm", "aux_loss", "routing_replay/agreement", "routing_replay/token_agreement"):
@@ -75,6 +76,14 @@ def test_replay_trains_and_every_loss_forward_uses_the_stored_routes(tiny_moe_pa
     assert agreement.dropna().between(0, 1).all()
     # null only where the token had no route: each row's last sampled token, never fed back to the sampler
     assert agreement.isna().sum() <= kept["row"].nunique() < len(kept)
+    # the same forward routed live: after an update the routes differ and replay changes log-probabilities; at step 1
+    # (the sampling weights, float32) every route agrees and replay changes nothing, bit for bit
+    change = (kept["logp"] - kept["routing/logp_without_replay"]).abs()
+    assert change.notna().all() and change.max() > 1e-4
+    first = pq.read_table(tmp_path / "telemetry" / "telemetry_000001.parquet").to_pandas()
+    first = first[first["mask"] == 1]
+    assert (first["routing/agreement"].dropna() == 1).all()
+    assert (first["logp"] == first["routing/logp_without_replay"]).all()
 
 
 def test_replay_off_installs_nothing_and_replay_on_agreeing_routes_changes_nothing(tiny_moe_path, tmp_path):

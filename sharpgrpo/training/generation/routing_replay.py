@@ -45,10 +45,13 @@ from typing import Any
 
 import torch
 
+from sharpgrpo.training.telemetry.recorder import AGREEMENT_KEY, UNREPLAYED_KEY, is_telemetry_step
 from sharpgrpo.validation import ConfigError
 
+# AGREEMENT_KEY: (B, T) per completion token, NaN where nothing was replayed; UNREPLAYED_KEY: (B, T) the loss's log-p
+# with live routing (telemetry steps only).
+
 PROMPT_KEY, COMPLETION_KEY = "prompt_routed_experts", "completion_routed_experts"
-AGREEMENT_KEY = "telemetry_routing_agreement"  # (B, T) per completion token, NaN where nothing was replayed
 NO_ROUTE = -1
 ROUTE_DTYPE = torch.int16
 
@@ -185,6 +188,7 @@ class RoutingReplay:
         self.agreement: list[torch.Tensor | None] | None = None  # per layer (N,) in the loss
         self.used: dict[int, torch.Tensor] = {}  # per layer, the ids a forward with gradient used (recomputation)
         self._generation = False
+        self.paused = False  # live routing everywhere (the telemetry's forward without replay)
         self._handles = []
         for model, routers in zip(models, self.routers, strict=True):
             backbone = getattr(model, model.base_model_prefix, model)
@@ -205,6 +209,8 @@ class RoutingReplay:
         attention_mask = kwargs.get("attention_mask")
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5 names the KV cache `cache`
         self.active, self._generation = None, cache is not None
+        if self.paused:
+            return
         if self._generation:
             if self.recording is not None:
                 if cache.get_seq_length() == 0 or not self.recording:  # a prefill: a new generate call
@@ -242,6 +248,8 @@ class RoutingReplay:
     def _router_hook(self, layer: int) -> Callable:
         def hook(module, args, output):
             logits, scores, indices = output
+            if self.paused:
+                return None
             if self._generation:
                 if self.recording is not None and self.recording:
                     self.recording[-1]["layers"][-1][layer] = indices.detach().to(ROUTE_DTYPE)
@@ -383,8 +391,19 @@ def replayed_routes(trainer, batch: dict[str, Any]):
     if not trainer.args.routing_replay:
         yield
         return
-    with routing_replay(trainer).loss_batch(batch):
+    replay = routing_replay(trainer)
+    with replay.loss_batch(batch):
         yield
+    if _telemetry_step(trainer):  # the same forward routed live: what replay changed, token by token
+        from sharpgrpo.training.generation.policy_inputs import prompt_completion
+
+        replay.paused = True
+        try:
+            with torch.no_grad():
+                batch[UNREPLAYED_KEY] = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, *prompt_completion(batch), batch["completion_ids"].size(1))[0].detach()
+        finally:
+            replay.paused = False
     agreement = batch.get(AGREEMENT_KEY)
     if agreement is not None:
         from sharpgrpo.training.generation.inputs import loss_mask
@@ -396,3 +415,10 @@ def replayed_routes(trainer, batch: dict[str, Any]):
         metrics["routing_replay/agreement"].append(global_masked_mean(trainer.accelerator, values, mask))
         metrics["routing_replay/token_agreement"].append(
             global_masked_mean(trainer.accelerator, (values == 1).float(), mask))
+
+
+def _telemetry_step(trainer) -> bool:
+    """A training micro-batch of a step that writes per-token telemetry (``token_telemetry``)."""
+    if getattr(trainer, "_telemetry", None) is None or not trainer.model.training:
+        return False
+    return is_telemetry_step(trainer.state.global_step + 1, trainer.args)

@@ -32,12 +32,13 @@ from transformers import TrainerCallback
 
 from sharpgrpo.strategies import STRATEGIES, LossTerms
 from sharpgrpo.strategies.loss_types import PPO_CLIP_LOSS_TYPES
-from sharpgrpo.training.generation.routing_replay import AGREEMENT_KEY
 
 SCHEMA_VERSION = 1
 METADATA_KEY = "sharpgrpo.telemetry"
 FOLDER = "telemetry"
 ROW_KEYS = ("telemetry_row", "telemetry_trl_advantage", "telemetry_rewards", "telemetry_stages")
+# Per-token (B, T) inputs the loss's routing replay leaves in a micro-batch (sharpgrpo.training.generation.routing_replay).
+AGREEMENT_KEY, UNREPLAYED_KEY = "telemetry_routing_agreement", "telemetry_logp_without_replay"
 
 # Every fixed column: name -> what it holds. Columns per strategy or reward function follow the patterns at the end.
 COLUMNS: dict[str, str] = {
@@ -80,6 +81,8 @@ COLUMNS: dict[str, str] = {
     "when they were published)",
     "routing/agreement": "routing_replay: the fraction of MoE layers whose own top-k experts in the loss's forward "
     "(the live router, before replay) are the ones recorded at sampling (null where the token had no recorded route)",
+    "routing/logp_without_replay": "routing_replay: log-p of the token in the same forward with every router's own "
+    "choice (no replay); logp minus it is what replay changed",
     "versions_behind": "async_generation: how many versions the row's weights lag the step that trained on it "
     "(step - 1 - policy_version; 0 on-policy, at most max_staleness)",
 }
@@ -271,6 +274,8 @@ class TelemetryRecorder:
         agreement = inputs.get(AGREEMENT_KEY)
         if agreement is not None:  # routing_replay: set by the loss forward's replay (training.generation)
             chunk["routing/agreement"] = column(agreement)
+        if inputs.get(UNREPLAYED_KEY) is not None:
+            chunk["routing/logp_without_replay"] = column(inputs[UNREPLAYED_KEY])
         for name, value in tensors.strategy_terms.items():  # each loss strategy's per-token terms
             chunk[name] = column(value)
         chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
