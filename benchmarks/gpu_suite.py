@@ -3,7 +3,7 @@
     python benchmarks/gpu_suite.py --json gpu_suite.json    # one H100 or H200: at most 8 minutes (--budget_s 450)
     python benchmarks/gpu_suite.py --dry-run                # CPU, tiny shapes, float32: the same code paths
 
-Four parts (``--parts``, all by default); each figure is printed with the command that takes it alone:
+Five parts (``--parts``, all by default); each figure is printed with the command that takes it alone:
 
 1. ``thr``: ``thr_bench.py``'s fused THR score at G = 8, L = 1024 / 2048 / 4096, V = 151936, H = 1536, bf16, once per
    kernel path (``thr_kernels.KERNELS``: torch, triton-tokens, triton), each with its floor (the path's flop count,
@@ -28,6 +28,10 @@ Four parts (``--parts``, all by default); each figure is printed with the comman
    finite, one telemetry file per step whose float columns are finite on the loss tokens, and the peak memory.
    Strategies that need settings the suite cannot give (a config check refuses them in one line) are listed as not
    run, with that line; a failure in training is listed as failed and makes the exit status 1.
+
+5. ``moe``: a Qwen3-MoE (random weights, built from a config) trains two optimizer steps (one generation batch,
+   ``num_iterations`` 2) with ``routing_replay`` off and on (docs/methods.md §23): every metric finite, and with
+   replay the routing agreement of each step (the sampler's experts against the trainer's own, in bf16).
 
 ``--dry-run`` (alias ``--cpu-tiny``) runs the same functions on the CPU with tiny shapes and float32, the Triton
 paths in Triton's CPU interpreter (``TRITON_INTERPRET=1``), in well under a minute (tests/test_gpu_suite.py runs it).
@@ -58,7 +62,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-PARTS = ("thr", "ratios", "async", "strategies")
+PARTS = ("thr", "ratios", "async", "strategies", "moe")
 
 # The project's runtime requirements and theirs, minus torch and its own (the closure of sharpgrpo's requirements
 # without torch's, as installed where the suite was tested; tests/test_gpu_suite.py keeps it complete).
@@ -91,6 +95,10 @@ MODES = {
                   "max_staleness": 1, "seconds": 100.0},
         "strategies": {"batch_size": 16, "micro_batch": 8, "num_generations": 8, "prompt_length": 32,
                        "max_completion_length": 32, "steps": 2, "seconds_each": 8.0},
+        "moe": {"shape": {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
+                          "num_key_value_heads": 4, "head_dim": 64, "num_experts": 32, "num_experts_per_tok": 4,
+                          "moe_intermediate_size": 512},
+                "batch_size": 16, "num_generations": 8, "prompt_length": 32, "max_completion_length": 64, "steps": 2},
     },
     "dry": {
         "device": "cpu", "dtype": "float32", "budget_s": 3600.0,  # fixed rounds: the budget never cuts a part short
@@ -104,6 +112,10 @@ MODES = {
                   "seconds": 60.0},
         "strategies": {"batch_size": 8, "micro_batch": 4, "num_generations": 4, "prompt_length": 8,
                        "max_completion_length": 4, "steps": 1, "seconds_each": 1.0},
+        "moe": {"shape": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "num_key_value_heads": 2, "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 32},
+                "batch_size": 4, "num_generations": 4, "prompt_length": 8, "max_completion_length": 4, "steps": 2},
     },
 }
 CONTROL_BAND = (0.98, 1.02)  # the A/A control's 95% interval must lie inside for the ratios to resolve 2%
@@ -535,6 +547,71 @@ def strategies_part(mode: dict, model, tokenizer, names: list[str], deadline: fl
     return results
 
 
+def moe_part(mode: dict, tokenizer) -> dict:
+    """A Qwen3-MoE built from a config (random weights) at ``mode["moe"]["shape"]`` trains ``steps`` optimizer steps
+    (one generation batch trained on twice: ``num_iterations`` 2) with routing replay off and on, in the mode's dtype:
+    every logged metric finite, and with replay the routing agreement of each step (docs/methods.md §23)."""
+    from transformers import AutoModelForCausalLM, PrinterCallback, ProgressCallback, Qwen3MoeConfig
+
+    import step_bench_real as real
+    from sharpgrpo import SharpGRPOConfig, SharpGRPOTrainer
+
+    cfg, device = mode["moe"], mode["device"]
+    import torch
+
+    dtype = torch.bfloat16 if mode["dtype"] == "bfloat16" else torch.float32
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
+                            max_position_embeddings=4096, **cfg["shape"])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    dataset = real.prompt_dataset(8 * cfg["batch_size"], cfg["prompt_length"], len(tokenizer), 0)
+    emit(f"\nQwen3-MoE {cfg['shape']} ({params / 1e6:.1f}M parameters, random weights), {mode['dtype']}, "
+         f"{cfg['batch_size']} completions x {cfg['max_completion_length']} tokens, num_iterations 2:")
+    emit("| routing_replay | status | steps logged | non-finite metrics | routing agreement per step | peak memory | "
+         "seconds |")
+    emit("|---|---|---|---|---|---|---|")
+    results = {}
+    for replay in (False, True):
+        with tempfile.TemporaryDirectory(prefix="gpu_suite_moe_") as output_dir:
+            started = time.perf_counter()
+            args = SharpGRPOConfig(
+                output_dir=output_dir, report_to=[], use_cpu=device == "cpu", bf16=mode["dtype"] == "bfloat16",
+                per_device_train_batch_size=cfg["batch_size"], num_generations=cfg["num_generations"],
+                max_completion_length=cfg["max_completion_length"],
+                generation_kwargs={"min_new_tokens": cfg["max_completion_length"]}, temperature=1.0,
+                num_iterations=2, learning_rate=1e-5, max_steps=cfg["steps"], logging_steps=1, save_strategy="no",
+                disable_tqdm=True, seed=0, strategies=["equal"], routing_replay=replay)
+            trainer = SharpGRPOTrainer(model=model, reward_funcs=[real.hashed_binary_reward], args=args,
+                                       train_dataset=dataset, processing_class=tokenizer)
+            trainer.remove_callback(PrinterCallback)
+            trainer.remove_callback(ProgressCallback)
+            real.peak_reset(device)
+            trainer.train()
+            real.synchronize(device)
+            peak = real.peak_bytes(device)
+            logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+            bad = sorted({key for entry in logs for key, value in entry.items()
+                          if isinstance(value, float) and not math.isfinite(value)})
+            agreement = [entry.get("routing_replay/agreement") for entry in logs]
+            ok = len(logs) == cfg["steps"] and not bad and (not replay or None not in agreement)
+            seconds = time.perf_counter() - started
+            results["on" if replay else "off"] = {"status": "ok" if ok else "failed", "steps_logged": len(logs),
+                                                  "nonfinite": bad, "agreement": agreement, "peak_bytes": peak,
+                                                  "seconds": seconds}
+            shown = ", ".join(f"{a:.5f}" for a in agreement) if replay and None not in agreement else "-"
+            emit(f"| {replay} | {'ok' if ok else 'FAILED'} | {len(logs)} | {', '.join(bad) or 'none'} | {shown} | "
+                 f"{gib(peak)} | {seconds:.1f} |")
+            if getattr(trainer, "_routing_replay", None) is not None:  # the next trainer trains the same model
+                trainer._routing_replay.remove()
+            del trainer
+    failed = [name for name, entry in results.items() if entry["status"] != "ok"]
+    if failed:
+        results["errors"] = f"routing_replay {failed} failed"
+    return results
+
+
 # ----------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -609,6 +686,12 @@ def main(argv=None) -> int:
     if "strategies" in args.parts:
         run("strategies", lambda: strategies_part(mode, model, tokenizer, names, deadline))
         emit(f"command (this part alone): python benchmarks/gpu_suite.py --parts strategies"
+             f"{' --dry-run' if args.dry_run else ''}")
+    if "moe" in args.parts:
+        moe_tokenizer = tokenizer or step_bench_real.build_tokenizer(
+            getattr(step_bench_real, mode["ratios"]["shape"])["vocab_size"])
+        run("moe", lambda: moe_part(mode, moe_tokenizer))
+        emit(f"command (this part alone): python benchmarks/gpu_suite.py --parts moe"
              f"{' --dry-run' if args.dry_run else ''}")
     failed = [n for n, r in results.get("strategies", {}).items() if r["status"] == "failed"]
     results["total_s"] = time.perf_counter() - started

@@ -18,6 +18,7 @@ from sharpgrpo.strategies.kl_estimators import DEFAULT_KL_ESTIMATOR, KL_ESTIMATO
 from sharpgrpo.strategies.loss_types import LOSS_TYPES
 from sharpgrpo.strategy_params import PARAM_RULES, ActsWhen, StrategyParams, _RuledField, param
 from sharpgrpo.training.generation.async_rollout.checks import check_async_config
+from sharpgrpo.training.generation.routing_replay import check_routing_replay_config
 from sharpgrpo.training.strategy_set import StrategySet
 from sharpgrpo.validation import (
     integer,
@@ -129,6 +130,17 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         one_of(False, True),
     )
 
+    # Mixture-of-experts routing replay (R3; docs/methods.md §23).
+    routing_replay: bool = param(
+        False,
+        "Mixture-of-experts models: record the experts each token was routed to when it was sampled (every MoE "
+        "layer's top-k, from transformers' `generate`) and make every training forward of that rollout (old and "
+        "reference log-probabilities, the loss, every num_iterations pass) use them, with the gate weights "
+        "recomputed from the live router so it keeps its gradient (rollout routing replay, R3, arXiv 2510.11370). "
+        "Logs routing_replay/agreement. docs/methods.md §23, docs/moe.md.",
+        one_of(False, True),
+    )
+
     # Asynchronous generation (docs/methods.md §20).
     async_generation: bool = param(
         False,
@@ -175,6 +187,7 @@ class SharpGRPOConfig(StrategyParams, GRPOConfig):
         super().__post_init__()  # StrategyParams checks the strategy parameters' rules, then TRL's __post_init__
         StrategySet.check_config(self)  # the strategies resolve and compose; their own checks
         check_async_config(self)  # what asynchronous generation cannot serve
+        check_routing_replay_config(self)  # the generation paths that record no routes
 
 
 # What each field of ours accepts, from the fields' own declarations, plus the values we add to two of TRL's fields

@@ -9,10 +9,9 @@ hook calls lives in `sharpgrpo.training`, grouped by hook (``generation/``, ``lo
   by token advantages (B, T). The inner hooks ``_calculate_rewards`` and ``_generate_single_turn`` (TRL) record the
   rewards, the answer checks' verdicts and the values read from the decoding steps in one ``GenerationRecord``. A
   generation-level feature (e.g. dynamic sampling) wraps the ``super()`` call there.
-* ``_compute_loss`` (TRL): the forward and TRL's masks, then ``policy_loss`` (`sharpgrpo.training.loss.policy_loss`):
-  TRL's policy loss for every TRL 1.16 loss type with the strategies folded in (docs/methods.md §1); its metrics are
-  appended and its tensors handed to the telemetry. With ``equal`` it equals the parent's loss and gradients
-  (tests/integration/test_parity.py). The sharpness probe runs first when due, on the same function.
+* ``_compute_loss`` (TRL): the forward (MoE routes replayed, `training.generation.routing_replay`), TRL's masks, then
+  ``policy_loss`` (`training.loss.policy_loss`; docs/methods.md §1): TRL's loss for every loss type with strategies
+  folded in, the parent's with ``equal`` (tests/integration/test_parity.py); the sharpness probe runs first when due.
 * ``train``, ``_get_grad_norm``, ``_save_rng_state``, ``_load_rng_state`` (transformers) and ``create_model_card``
   (TRL): resume checks, the non-finite-gradient stop, strategy state in checkpoints, the strategies on the card.
 """
@@ -40,6 +39,7 @@ from sharpgrpo.training.generation.inputs import environment_inputs, input_provi
 from sharpgrpo.training.generation.policy_inputs import Policy, causal_lm, old_logps_source, prompt_completion
 from sharpgrpo.training.generation.policy_inputs import sampling_truncation, vllm_logps_problem, zero3_enabled
 from sharpgrpo.training.generation.rank_agreement import RankFailures
+from sharpgrpo.training.generation.routing_replay import replayed_routes
 from sharpgrpo.training.generation.score_dump import dump_token_scores
 from sharpgrpo.training.generation.vllm_checks import check_vllm_request
 from sharpgrpo.training.generation.vllm_sync import prepare_colocated_engine
@@ -238,7 +238,7 @@ class SharpGRPOTrainer(GRPOTrainer):
     def _policy_loss(self, model, inputs, weights=None) -> PolicyLossResult:
         """The forward and TRL's masks, then the policy loss of this micro-batch (a pure function of them)."""
         mask = loss_mask(inputs)
-        with averaged_head_gradient(causal_lm(self.accelerator, model)):  # FSDP2: TRL's fused head, averaged
+        with averaged_head_gradient(causal_lm(self.accelerator, model)), replayed_routes(self, inputs):
             logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
                 model, *prompt_completion(inputs), inputs["completion_ids"].size(1), compute_entropy=True,
                 compute_aux_loss=self.aux_loss_enabled, **{key: inputs.get(key) for key in FORWARD_KEYS},

@@ -24,6 +24,17 @@ def tiny_model_path(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen2"))
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_path(tmp_path_factory):
+    """``sharpgrpo-tiny-moe``'s architecture (a 2-layer Qwen3-MoE, 4 experts, top-2), randomly initialised (no warm
+    start: seconds), built locally and loaded by path."""
+    from sharpgrpo.models.tiny import build_tiny_model
+    from sharpgrpo.models.tiny_moe import TINY_MOE_CONFIG
+
+    directory = tmp_path_factory.mktemp("tiny") / "qwen3_moe"
+    return str(build_tiny_model(directory, architecture="qwen3_moe", extra_config=TINY_MOE_CONFIG, warm_start_steps=0))
+
+
 @pytest.fixture
 def restore_environment():
     """TrlParser exports a config's `env:` block into os.environ; undo that after the test."""

@@ -1,7 +1,8 @@
 """benchmarks/gpu_suite.py, the one command that takes every GPU figure, run as its CPU dry run (tiny shapes, float32,
 Triton in its CPU interpreter) so that its code paths cannot rot while no GPU is at hand: every part completes,
 the THR kernel paths agree with the float64 reference, the ratio tables hold the A/A control, one strategy of each
-kind trains a step with finite metrics and telemetry; and its list of offline wheels covers what the project needs."""
+kind trains a step with finite metrics and telemetry, a mixture of experts trains with routing replay off and on;
+and its list of offline wheels covers what the project needs."""
 
 from __future__ import annotations
 
@@ -80,6 +81,10 @@ def test_dry_run_takes_every_figure(tmp_path):
         assert entry["steps_logged"] == 1 and entry["telemetry_files"] == 1
         assert entry["nonfinite"] == [] and entry["telemetry_nonfinite"] == []
     assert "command (this part alone): python benchmarks/gpu_suite.py --parts strategies" in run.stdout
+
+    moe = result["moe"]  # a mixture of experts with routing replay off and on
+    assert moe["off"]["status"] == moe["on"]["status"] == "ok"
+    assert moe["on"]["steps_logged"] == 2 and all(0 <= a <= 1 for a in moe["on"]["agreement"])
 
 
 def test_offline_wheels_cover_the_project_requirements():

@@ -112,6 +112,9 @@ def main(
     from sharpgrpo.run.input_checks import checked_model_name, input_paths
 
     check_model_source(checked_model_name(model_args.model_name_or_path), revision=model_args.model_revision)
+    from sharpgrpo.training.generation.routing_replay import check_routing_replay_model
+
+    check_routing_replay_model(model_args.model_name_or_path, training_args)  # a dense model with routing_replay
     try:  # `true` -> the newest complete checkpoint; a named one is checked for damaged files, before the model loads
         training_args.resume_from_checkpoint = resolve_resume_checkpoint(
             training_args.resume_from_checkpoint, training_args.output_dir, training_args,

@@ -277,7 +277,8 @@ def _hover(token, columns: Sequence[str]) -> str:
 def completions(frame, column: str) -> list[dict[str, Any]]:
     """One entry per completion (global order): prompt, group, rewards, sequence values and its tokens."""
     hover = [c for c in dict.fromkeys([column, *HOVER]) if c in frame]
-    hover += [c for c in frame.columns if c.startswith(("advantage/", "weight/", "what_if/")) and c not in hover]
+    hover += [c for c in frame.columns if c.startswith(("advantage/", "weight/", "what_if/", "routing/"))
+              and c not in hover]
     hover += [c for c in frame.columns if _declared_column(c) and c not in hover]
     if any(c.startswith("what_if/") or _declared_column(c) for c in hover):  # a correction's inputs beside it
         hover += [c for c in ("old_logp", "sampling_logp") if c in frame and c not in hover]

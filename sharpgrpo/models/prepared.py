@@ -19,7 +19,8 @@ from sharpgrpo.settings import load_settings
 
 # Modules whose import registers prepared models; with the settings' (sharpgrpo.settings), imported by the registry on
 # its first lookup.
-BUILTIN_MODEL_MODULES = ("sharpgrpo.models.tiny", "sharpgrpo.models.tiny_vllm", "sharpgrpo.models.smol")
+BUILTIN_MODEL_MODULES = ("sharpgrpo.models.tiny", "sharpgrpo.models.tiny_vllm", "sharpgrpo.models.tiny_moe",
+                         "sharpgrpo.models.smol")
 
 
 def _register_prepared_models() -> None:

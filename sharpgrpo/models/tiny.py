@@ -65,25 +65,27 @@ def build_tiny_model(
     warm_start_steps: int = 300,
     seed: int = 0,
     overwrite: bool = False,
+    extra_config: dict | None = None,
 ) -> Path:
     """Build (or reuse) the tiny model and tokenizer in ``directory`` and return the directory.
 
     Args:
         directory: where ``config.json``, the weights and the tokenizer are saved.
-        architecture: ``qwen2`` (default) or ``llama``.
+        architecture: ``qwen2`` (default), ``llama`` or ``qwen3_moe`` (a mixture of experts: ``sharpgrpo-tiny-moe``).
         hidden_size, num_layers: model size (defaults give about 0.1M parameters).
         warm_start_steps: supervised steps on synthetic demo-format text (0 keeps the random initialisation).
         seed: seeds initialisation and warm start.
         overwrite: rebuild even if a model is already there.
+        extra_config: further config fields (head size, number of experts, ...).
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
     directory = Path(directory)
     if (directory / "config.json").exists() and not overwrite:
         return directory
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
-    config_classes = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    config_classes = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}
     if architecture not in config_classes:
         raise ValueError(f"Unknown tiny architecture {architecture!r}; choose one of {sorted(config_classes)}.")
     config = config_classes[architecture](
@@ -98,6 +100,7 @@ def build_tiny_model(
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **(extra_config or {}),
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if warm_start_steps > 0:
@@ -142,12 +145,17 @@ def _supervised_warm_start(model, tokenizer, texts, steps: int, batch_size: int 
     model.eval()
 
 
-@register_prepared_model(TINY_MODEL_NAME)
-def prepare_tiny_model(cache_dir: Path) -> Path:
-    directory = cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}"
-    if not (directory / "config.json").exists():  # first use: say what the pause is
+def build_on_first_use(directory: Path, name: str, description: str, **build_kwargs) -> Path:
+    """``build_tiny_model(directory, **build_kwargs)`` for the prepared model ``name``, saying on first use what the
+    pause is (``description``: what is built)."""
+    if not (directory / "config.json").exists():
         import sys
 
-        print(f"[sharpgrpo] building {TINY_MODEL_NAME} (first use: a 2-layer Qwen2 trained in memory, offline, "
-              f"seconds) into {directory}", file=sys.stderr, flush=True)  # fmt: skip
-    return build_tiny_model(directory)
+        print(f"[sharpgrpo] building {name} (first use: {description} trained in memory, offline, seconds) into "
+              f"{directory}", file=sys.stderr, flush=True)  # fmt: skip
+    return build_tiny_model(directory, **build_kwargs)
+
+
+@register_prepared_model(TINY_MODEL_NAME)
+def prepare_tiny_model(cache_dir: Path) -> Path:
+    return build_on_first_use(cache_dir / f"tiny-qwen2-v{TINY_MODEL_VERSION}", TINY_MODEL_NAME, "a 2-layer Qwen2")

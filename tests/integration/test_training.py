@@ -4,6 +4,8 @@ Rewards are binary (the demo reward thresholded at 0.5) so that every strategy a
 groups are mixed (THR reweights only groups with correct and incorrect completions).
 """
 
+import math
+
 import pytest
 import torch
 from helpers import binary_letters_reward, make_trainer, tiny_config
@@ -93,6 +95,21 @@ def test_strategy_trains_and_logs(tiny_model_path, tmp_path, strategies):
         assert all(entry["token_weight/std"] == 0.0 for entry in logs)
         # w = 1 everywhere is no clip bound: "all tokens at both bounds" would be logged otherwise.
         assert not any("token_weight/frac_at_lower" in e or "token_weight/frac_at_upper" in e for e in logs)
+
+
+@pytest.mark.every_strategy
+@pytest.mark.parametrize("strategy", BUILTIN)
+def test_strategy_trains_the_tiny_moe_with_routing_replay(tiny_moe_path, tmp_path, strategy):
+    """Every strategy trains the tiny mixture of experts (one step, four completions of six tokens) with routing
+    replay on (docs/methods.md §23): finite loss and routing agreement, parameters changed."""
+    try:
+        trainer = binary_reward_trainer(tiny_moe_path, tmp_path, strategies=[strategy], routing_replay=True,
+                                        max_steps=1, per_device_train_batch_size=4, num_generations=4,
+                                        max_completion_length=6, **strategy_config([strategy]))
+    except ConfigError as error:  # e.g. a rollout correction needs vLLM's sampling log-probabilities
+        pytest.skip(f"{strategy} cannot run on the CPU demo: {error}")
+    (logs,) = train_and_check(trainer)
+    assert math.isfinite(logs["loss"]) and math.isfinite(logs["routing_replay/agreement"])
 
 
 @pytest.mark.parametrize("p", [0.1, -0.1])

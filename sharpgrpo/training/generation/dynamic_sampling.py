@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from sharpgrpo.training.generation.inputs import environment_roles, loss_mask
+from sharpgrpo.training.generation.routing_replay import COMPLETION_KEY, NO_ROUTE, PROMPT_KEY, routed_generation
 from sharpgrpo.training.generation.window_tokens import recount_window_tokens
 
 DYNAMIC_SAMPLING_FILTERS = ("reward_std", "accuracy")  # or the name of a reward function of the run
@@ -66,7 +67,7 @@ def generate_batch(trainer, inputs: list[dict], generate: Callable[[list[dict]],
 
     def one_round(rows: list[dict]):
         trainer._generation = GenerationRecord(inputs=rows, step=trainer.state.global_step)
-        return generate(rows), trainer._generation
+        return routed_generation(trainer, generate, rows), trainer._generation  # routes recorded: routing_replay
 
     if mode != "train" or trainer._dynamic_sampler is None:
         rows, output, record = inputs, *one_round(inputs)
@@ -140,6 +141,8 @@ def merge_outputs(parts: list[tuple[dict[str, Any], torch.Tensor]], pad_token_id
             merged[key] = pad_cat(tensors, pad_token_id if key == "prompt_ids" else 0, left=True)
         elif key == "completion_ids":
             merged[key] = pad_cat(tensors, pad_token_id)
+        elif key in (PROMPT_KEY, COMPLETION_KEY):  # expert ids, -1 where none (routing_replay)
+            merged[key] = pad_cat(tensors, NO_ROUTE, left=key == PROMPT_KEY)
         elif key == "tool_mask":
             merged[key] = pad_cat(tensors, 1)  # as TRL pads it
         else:

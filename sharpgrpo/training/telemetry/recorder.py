@@ -37,6 +37,8 @@ SCHEMA_VERSION = 1
 METADATA_KEY = "sharpgrpo.telemetry"
 FOLDER = "telemetry"
 ROW_KEYS = ("telemetry_row", "telemetry_trl_advantage", "telemetry_rewards", "telemetry_stages")
+# Per-token (B, T) inputs the loss's routing replay leaves in a micro-batch (sharpgrpo.training.generation.routing_replay).
+AGREEMENT_KEY, UNREPLAYED_KEY = "telemetry_routing_agreement", "telemetry_logp_without_replay"
 
 # Every fixed column: name -> what it holds. Columns per strategy or reward function follow the patterns at the end.
 COLUMNS: dict[str, str] = {
@@ -77,6 +79,10 @@ COLUMNS: dict[str, str] = {
     "reward": "the completion's total (weighted) reward",
     "policy_version": "async_generation: the weights' version the row was generated with (the trainer's global_step "
     "when they were published)",
+    "routing/agreement": "routing_replay: the fraction of MoE layers whose own top-k experts in the loss's forward "
+    "(the live router, before replay) are the ones recorded at sampling (null where the token had no recorded route)",
+    "routing/logp_without_replay": "routing_replay: log-p of the token in the same forward with every router's own "
+    "choice (no replay); logp minus it is what replay changed",
     "versions_behind": "async_generation: how many versions the row's weights lag the step that trained on it "
     "(step - 1 - policy_version; 0 on-policy, at most max_staleness)",
 }
@@ -265,6 +271,11 @@ class TelemetryRecorder:
                 chunk[f"reward/{name}"] = values[:, f]
             weights = np.asarray(self.args.reward_weights or [1.0] * len(self.reward_names), dtype=np.float64)
             chunk["reward"] = np.nansum(values * weights, axis=1).astype(np.float32)
+        agreement = inputs.get(AGREEMENT_KEY)
+        if agreement is not None:  # routing_replay: set by the loss forward's replay (training.generation)
+            chunk["routing/agreement"] = column(agreement)
+        if inputs.get(UNREPLAYED_KEY) is not None:
+            chunk["routing/logp_without_replay"] = column(inputs[UNREPLAYED_KEY])
         for name, value in tensors.strategy_terms.items():  # each loss strategy's per-token terms
             chunk[name] = column(value)
         chunk["prompt"] = np.array([self.prompts.get(int(r), "") for r in chunk["row"]], dtype=object)
