@@ -20,11 +20,23 @@ machine with fewer cores than both together, they compete, and the overlap buys 
     python benchmarks/async_bench.py --device cuda --hidden_size 1024 --num_layers 8 --max_completion_length 128
 
 On a GPU, benchmarks/gpu_suite.py runs the same rounds as its ``async`` part.
+
+With ``--vllm_server start`` (or a server's URL) every variant generates with a real vLLM server instead
+(``use_vllm: true, vllm_mode: server``): ``sync`` is synchronous server mode (TRL syncs the weights and waits for
+each batch), ``async`` asks the server ``--max_staleness`` batches ahead from a thread while the trainer trains
+(docs/methods.md §20). ``start`` launches ``sharpgrpo vllm-serve`` on ``--model`` in float32 (the trainer's dtype) for
+the whole benchmark; run it in the environment that has vLLM (``.venv-vllm``):
+
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/async_bench.py --vllm_server start \
+        --model sharpgrpo-tiny-vllm --threads 1
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/async_bench.py --vllm_server start \
+        --model sharpgrpo-smol --threads 1 --batch_size 16 --max_completion_length 16 --steps 5 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -61,6 +73,10 @@ def parse_args(argv=None):
     parser.add_argument("--max_completion_length", type=int, default=32)
     parser.add_argument("--reward_threshold", type=float, default=0.625)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="a model name or folder to train instead of the built tiny Qwen2 "
+                        "(e.g. sharpgrpo-tiny-vllm, sharpgrpo-smol)")
+    parser.add_argument("--vllm_server", default=None, help="'start' (launch sharpgrpo vllm-serve on --model) or a "
+                        "running server's URL: every variant generates with it")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the trainer and the rollout process on the GPU, in bf16")
     parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
@@ -81,12 +97,15 @@ def run_once(variant: str, args, model_path: Path, folder: Path) -> tuple[list[f
             stamps.append(time.perf_counter())
 
     extra = {"async_generation": True, "max_staleness": args.max_staleness} if variant == "async" else {}
+    if args.vllm_server:
+        extra |= {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": args.vllm_server}
     config = SharpGRPOConfig(
         output_dir=str(folder), report_to=[], use_cpu=args.device == "cpu", bf16=args.device == "cuda",
         strategies=["equal"],
         per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length,
-        generation_kwargs={"min_new_tokens": args.max_completion_length}, learning_rate=1e-4,
+        generation_kwargs={"min_tokens" if args.vllm_server else "min_new_tokens": args.max_completion_length},
+        learning_rate=1e-4,
         max_steps=args.steps, logging_steps=1, save_strategy="no", disable_tqdm=True, seed=args.seed, **extra)
     trainer = SharpGRPOTrainer(model=str(model_path), reward_funcs=[make_binary_reward(args.reward_threshold)],
                                args=config, train_dataset=demo_dataset(4096),
@@ -135,11 +154,56 @@ def paired_rounds(args, model_path: Path, deadline: float = float("inf")) -> dic
     return results
 
 
+@contextlib.contextmanager
+def vllm_server(model_path: Path, timeout: float = 600.0):
+    """``sharpgrpo vllm-serve`` on ``model_path`` (float32, a free local port) for the ``with`` block: its URL."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tempfile.NamedTemporaryFile(prefix="vllm_server_", suffix=".log", delete=False)
+    server = subprocess.Popen([sys.executable, "-m", "sharpgrpo", "vllm-serve", "--model", str(model_path), "--host",
+                               "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max_model_len", "512"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the vLLM server did not start; its log: {log.name}")
+            time.sleep(2)
+        print(f"vLLM server on {model_path} at {url} (log {log.name})", flush=True)
+        yield url
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    model_path = build_model(args)  # built once into --model_dir (or a folder per size), then reused
-    results = paired_rounds(args, model_path)
+    if args.model is not None:
+        from sharpgrpo.models.prepared import resolve_model_name
+
+        model_path = Path(resolve_model_name(args.model))
+    else:
+        model_path = build_model(args)  # built once into --model_dir (or a folder per size), then reused
+    with contextlib.ExitStack() as stack:
+        if args.vllm_server == "start":
+            args.vllm_server = stack.enter_context(vllm_server(model_path))
+        results = paired_rounds(args, model_path)
     if args.output is not None:
         args.output.write_text(json.dumps(results, indent=2))
 
