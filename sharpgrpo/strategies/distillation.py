@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, register_strategy
+from sharpgrpo.strategies.base import AdvantageStrategy, GenerationBatch, StrategyPaper, masked_mean, register_strategy
 
 
 def distillation_gap(teacher_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
@@ -143,10 +143,6 @@ def _teacher_gap(batch: GenerationBatch, name: str, clip: float | None) -> tuple
     return teacher.float(), distillation_gap(teacher.float(), batch.old_logps.float(), mask, clip)
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values * mask).sum() / mask.sum().clamp_min(1))
-
-
 class _TeacherStrategy(AdvantageStrategy):
     """What the teacher-gap strategies share: the generation input, the teacher check, the per-token scores."""
 
@@ -200,8 +196,9 @@ class _TeacherStrategy(AdvantageStrategy):
 
     def _teacher_metrics(self, prefix: str, teacher: torch.Tensor, gap: torch.Tensor, mask: torch.Tensor
                          ) -> dict[str, float]:
-        return {f"{prefix}/teacher_logp_mean": _masked_mean(teacher, mask),
-                f"{prefix}/gap_mean": _masked_mean(gap, mask), f"{prefix}/gap_abs_mean": _masked_mean(gap.abs(), mask)}
+        return {f"{prefix}/teacher_logp_mean": float(masked_mean(teacher, mask)),
+                f"{prefix}/gap_mean": float(masked_mean(gap, mask)),
+                f"{prefix}/gap_abs_mean": float(masked_mean(gap.abs(), mask))}
 
 
 class _NamedTeacherStrategy(_TeacherStrategy):
@@ -233,7 +230,7 @@ class OnPolicyDistillationStrategy(_NamedTeacherStrategy):
         self._scores = gap
         metrics = self._teacher_metrics("opd", teacher, gap, mask)
         raw = (teacher - batch.old_logps.float()).abs()
-        metrics["opd/frac_clipped"] = 0.0 if clip is None else _masked_mean((raw > clip).float(), mask)
+        metrics["opd/frac_clipped"] = 0.0 if clip is None else float(masked_mean((raw > clip).float(), mask))
         self._columns = {"teacher_logp": teacher, "term": self.args.opd_coef * gap}
         return opd_advantages(batch.advantages, gap.to(batch.advantages.dtype), self.args.opd_coef), metrics
 
@@ -267,7 +264,7 @@ class ImportanceWeightedOPDStrategy(_NamedTeacherStrategy):
         metrics.update({"iw_opd/mean_weight": float(w[valid].mean()) if valid.any() else 1.0,
                         "iw_opd/min_weight": float(w[valid].min()) if valid.any() else 1.0,
                         "iw_opd/max_weight": float(w[valid].max()) if valid.any() else 1.0,
-                        "iw_opd/mean_advantage": _masked_mean(w * gap, mask)})
+                        "iw_opd/mean_advantage": float(masked_mean(w * gap, mask))})
         return advantages.to(batch.advantages.dtype), metrics
 
 
@@ -406,11 +403,11 @@ class RLSDStrategy(_TeacherStrategy):
         self._scores = reweight.float()
         self._columns = {"teacher_logp": teacher.float(), "weight": reweight.float()}
         clip = self.args.rlsd_clip
-        metrics = {"rlsd/teacher_logp_mean": _masked_mean(teacher64, mask),
-                   "rlsd/delta_mean": _masked_mean((teacher64 - batch.old_logps.double()) * mask, mask),
-                   "rlsd/weight_mean": _masked_mean(weights, mask),
-                   "rlsd/reweight_mean": _masked_mean(reweight, batch.completion_mask.double()),
-                   "rlsd/clip_low_ratio": _masked_mean((weights < 1 - clip).double(), mask),
-                   "rlsd/clip_high_ratio": _masked_mean((weights > 1 + clip).double(), mask),
+        metrics = {"rlsd/teacher_logp_mean": float(masked_mean(teacher64, mask)),
+                   "rlsd/delta_mean": float(masked_mean((teacher64 - batch.old_logps.double()) * mask, mask)),
+                   "rlsd/weight_mean": float(masked_mean(weights, mask)),
+                   "rlsd/reweight_mean": float(masked_mean(reweight, batch.completion_mask.double())),
+                   "rlsd/clip_low_ratio": float(masked_mean((weights < 1 - clip).double(), mask)),
+                   "rlsd/clip_high_ratio": float(masked_mean((weights > 1 + clip).double(), mask)),
                    "rlsd/teacher_fraction": float(rows.double().mean()), "rlsd/lambda": lam}
         return advantages.to(batch.advantages.dtype), metrics

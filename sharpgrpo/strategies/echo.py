@@ -40,6 +40,7 @@ from sharpgrpo.strategies.base import (
     LossTerms,
     StrategyPaper,
     TokenLossStrategy,
+    masked_mean,
     register_strategy,
 )
 
@@ -167,7 +168,7 @@ class EchoStrategy(TokenLossStrategy):
                                             rows).to(weights.dtype)
         selected = (weights != 0).to(env_mask.dtype)
         count = selected.sum()
-        nll = (-context.logps.detach() * selected).sum() / count.clamp(min=1.0)
+        nll = masked_mean(-context.logps.detach(), selected)
         terms = LossTerms(env_loss=echo_token_loss(context.logps, weights), env_mask=selected)
         return terms, {"echo/nll": nll, "echo/env_tokens": count}
 
