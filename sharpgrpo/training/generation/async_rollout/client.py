@@ -94,6 +94,12 @@ class AsyncRollouts:
     # --- the rollout process ---------------------------------------------------------------------------------
     def _start(self, trainer) -> None:
         check_async_launch(trainer.accelerator.num_processes)
+        self._start_engine(trainer)
+        weakref.finalize(self, type(self)._stop, self._process, self._jobs)
+        self._stream = predicted_prompts(trainer) if self.max_staleness > 0 else None
+
+    def _start_engine(self, trainer) -> None:
+        """Start the rollout process (``self._process``) with its job and result queues."""
         context = torch.multiprocessing.get_context("spawn")
         model = causal_lm(trainer.accelerator, trainer.model)
         self._weights = SharedMemoryWeights(plain_state_dict(trainer.accelerator.unwrap_model(trainer.model)),
@@ -111,8 +117,6 @@ class AsyncRollouts:
                                                                           self._results), daemon=True)
         with main_module_hidden():
             self._process.start()
-        weakref.finalize(self, AsyncRollouts._stop, self._process, self._jobs)
-        self._stream = predicted_prompts(trainer) if self.max_staleness > 0 else None
 
     @staticmethod
     def _stop(process, jobs) -> None:
@@ -137,9 +141,12 @@ class AsyncRollouts:
         index, self._index = self._index, self._index + 1
         prompt_ids = self._prompt_ids[index] = trainer._tokenize_prompts(prompts)[0]
         self._jobs.put({"index": index, "prompt_ids": prompt_ids, "rng_state": rng_state,
-                        "cuda_rng_state": cuda_rng_state,
-                        "seed": (trainer.args.seed * 1_000_003 + index) % 2**63, "capture": capture_wanted(trainer)})
+                        "cuda_rng_state": cuda_rng_state, **self._job_settings(trainer, index)})
         return index
+
+    def _job_settings(self, trainer, index: int) -> dict[str, Any]:
+        """What the rollout process needs of a job beside its prompts: its seed and what to capture."""
+        return {"seed": (trainer.args.seed * 1_000_003 + index) % 2**63, "capture": capture_wanted(trainer)}
 
     def _result(self, index: int) -> dict[str, Any]:
         """The result of job ``index``, waiting for it (results of dropped jobs are skipped); one line naming the

@@ -25,8 +25,7 @@ import traceback
 import weakref
 from typing import Any
 
-from sharpgrpo.training.generation.async_rollout.checks import check_async_launch
-from sharpgrpo.training.generation.async_rollout.client import AsyncRollouts, predicted_prompts
+from sharpgrpo.training.generation.async_rollout.client import AsyncRollouts
 from sharpgrpo.training.generation.vllm_seeding import server_generation_kwargs
 
 
@@ -82,14 +81,12 @@ class ServerAsyncRollouts(AsyncRollouts):
 
     engine = "the thread asking the vLLM server"
 
-    def _start(self, trainer) -> None:
-        check_async_launch(trainer.accelerator.num_processes)  # a LoRA policy is merged by TRL's own iterator
+    def _start_engine(self, trainer) -> None:
+        """Start the thread (``self._process``; a LoRA policy is merged by TRL's own iterator) with its queues."""
         self._jobs, self._results = queue.Queue(), queue.Queue()
         self._process = ServerRolloutThread(trainer.vllm_generation, trainer.args, self._jobs, self._results)
         self._process.loaded = trainer.state.global_step  # TRL's own sync ran just before this first call
         self._process.start()
-        weakref.finalize(self, ServerAsyncRollouts._stop, self._process, self._jobs)
-        self._stream = predicted_prompts(trainer) if self.max_staleness > 0 else None
         self._trainer = weakref.ref(trainer)
         trainer.vllm_generation.sync_weights = self.enqueue_weights  # TRL's sync, before each rollout_func call
 
@@ -110,10 +107,6 @@ class ServerAsyncRollouts(AsyncRollouts):
         """Nothing: TRL's sync, now :meth:`enqueue_weights`, runs before each call (the first call's ran as TRL's own,
         before the thread started, and is the version the thread starts from)."""
 
-    def _submit(self, trainer, prompts: list[Any], rng_state=None, cuda_rng_state=None) -> int:
-        index, self._index = self._index, self._index + 1
-        prompt_ids = self._prompt_ids[index] = trainer._tokenize_prompts(prompts)[0]
-        num_generations = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
-        self._jobs.put({"index": index, "prompt_ids": prompt_ids, "num_generations": num_generations,
-                        "rng_state": rng_state, "cuda_rng_state": cuda_rng_state})
-        return index
+    def _job_settings(self, trainer, index: int) -> dict[str, Any]:
+        """What the thread needs of a job beside its prompts: the completions per prompt (the server samples them)."""
+        return {"num_generations": trainer.num_generations if trainer.model.training else trainer.num_generations_eval}
