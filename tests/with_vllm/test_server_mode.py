@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -38,13 +39,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_vllm_model, tmp_path_factory):
-    """A real server on the tiny model, in float32 (vLLM's "auto" would run the float32 checkpoint in bfloat16,
-    ``conftest.ENGINE_DTYPE``): its URL. Stopped (its process group) when the module's tests are done."""
+@contextlib.contextmanager
+def running_server(model: str, log: Path):
+    """A real server on ``model`` (``sharpgrpo vllm-serve``), in float32 (vLLM's "auto" would run the float32
+    checkpoint in bfloat16, ``conftest.ENGINE_DTYPE``): yields (its URL, its process). Stopped (its process group)
+    at the end of the block."""
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm_server") / "server.log"
-    command = [sys.executable, "-m", "sharpgrpo", "vllm-serve", "--model", tiny_vllm_model, "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "sharpgrpo", "vllm-serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "float32", "--max_model_len", "512"]
     with open(log, "wb") as sink:
         server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -61,15 +62,26 @@ def vllm_server(tiny_vllm_model, tmp_path_factory):
             assert server.poll() is None, f"the server stopped at start-up:\n{tail}"
             assert time.monotonic() < deadline, f"the server did not answer within {SERVER_START_SECONDS} s:\n{tail}"
             time.sleep(2)
-        yield url
+        yield url, server
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+        stop_server(server)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_vllm_model, tmp_path_factory):
+    """The module's server on the tiny model: its URL."""
+    with running_server(tiny_vllm_model, tmp_path_factory.mktemp("vllm_server") / "server.log") as (url, _):
+        yield url
 
 
 def test_the_cpu_wheel_stops_plain_vllm_serve():
@@ -157,28 +169,43 @@ def test_asynchronous_generation_with_the_server_as_rollout_engine(max_staleness
     trainer.rollout_func.close()
 
 
-def test_two_trainer_processes_train_against_one_server(tiny_vllm_model, vllm_server, tmp_path):
-    """Two processes (``accelerate launch``, gloo on the CPU) train 2 steps of the demo against the one server: the
-    main process gathers both processes' prompts, pushes the weights and asks the server (TRL's server mode on several
-    processes); after the first step's update the server samples with the trained weights (TRL's sampler-trainer gap at
-    the float32 level)."""
+@pytest.mark.parametrize("max_staleness", [None, 0, 1])
+def test_two_trainer_processes_train_against_one_server(max_staleness, tiny_vllm_model, vllm_server, tmp_path):
+    """Two processes (``accelerate launch``, gloo on the CPU) train against the one server: the main process gathers
+    both processes' prompts, pushes the weights and asks the server (TRL's server mode on several processes). After
+    the first step's update the server samples with the trained weights (TRL's sampler-trainer gap at the float32
+    level). Asynchronously (``max_staleness`` 0 or 1) the main process's thread does the same ahead of the trainer for
+    both processes' rows: at staleness 0 the gap stays at the float32 level; at staleness 1 every batch after the first
+    is one version behind (the gap is the step the policy moved since), and the main process's read-ahead of both
+    processes' shares was right (nothing regenerated)."""
     repo = Path(__file__).resolve().parents[2]
     output = tmp_path / "run"
+    steps = 2 if max_staleness is None else 3
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(repo / "configs/accelerate/multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no",
                "--main_process_port", str(free_port()), "-m", "sharpgrpo.cli.train", "--config", "demo",
                "--model_name_or_path", tiny_vllm_model, "--use_vllm", "true", "--vllm_mode", "server",
                "--vllm_server_base_url", vllm_server, "--vllm_server_timeout", "30", "--temperature", "1.0",
-               "--max_steps", "2", "--output_dir", str(output)]
+               "--max_steps", str(steps), "--output_dir", str(output)]
+    if max_staleness is not None:
+        command += ["--async_generation", "true", "--max_staleness", str(max_staleness)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     state = json.loads((output / "trainer_state.json").read_text())
     logs = [entry for entry in state["log_history"] if "loss" in entry]
-    print("two processes, gap per step:", [entry.get("sampling/sampling_logp_difference/max") for entry in logs])
-    assert state["global_step"] == 2 and len(logs) == 2
+    gaps = [entry["sampling/sampling_logp_difference/max"] for entry in logs]
+    print("two processes, staleness and gap per step:", [(entry.get("async/staleness"), gap)
+                                                         for entry, gap in zip(logs, gaps, strict=True)])
+    assert state["global_step"] == steps and len(logs) == steps
     assert all(math.isfinite(entry["loss"]) and math.isfinite(entry["reward"]) for entry in logs)
-    assert all(entry["sampling/sampling_logp_difference/max"] <= SYNC_TOLERANCE for entry in logs), logs
+    if max_staleness == 1:
+        assert [entry["async/staleness"] for entry in logs] == [0.0, 1.0, 1.0]
+        assert gaps[0] <= SYNC_TOLERANCE and min(gaps[1:]) > 10 * SYNC_TOLERANCE
+        assert not any(entry.get("async/regenerated") for entry in logs)
+    else:
+        assert all(entry.get("async/staleness", 0.0) == 0.0 for entry in logs)
+        assert all(gap <= SYNC_TOLERANCE for gap in gaps), logs
 
 
 @pytest.mark.parametrize("strategies", [["thr"], ["grpo_sg", "rollout_correction"]])
@@ -204,3 +231,39 @@ def test_strategies_train_asynchronously_with_the_server(strategies, tiny_vllm_m
         # float32 server with the same weights (measured 1e-7), then one version behind (measured 2.5e-3)
         assert abs(kl[0]) < 1e-5 and abs(kl[1]) > 1e-4
     trainer.rollout_func.close()
+
+
+def test_a_server_that_stops_ends_an_asynchronous_run_in_one_line_with_its_checkpoints(tiny_vllm_model, tmp_path):
+    """The server of an asynchronous run (``train.py``'s entry point, staleness 1, a checkpoint every step) is
+    stopped after the run's second checkpoint: the run ends with one ``error:`` line that names the thread asking the
+    server and what failed (the server's traceback is chained, shown with ``--debug``), the last good state is saved,
+    and every complete checkpoint is kept."""
+    output = tmp_path / "run"
+    with running_server(tiny_vllm_model, tmp_path / "server.log") as (url, server):
+        command = [sys.executable, "-m", "sharpgrpo.cli.train", "--config", "demo", "--model_name_or_path",
+                   tiny_vllm_model, "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_base_url", url,
+                   "--vllm_server_timeout", "30", "--temperature", "1.0", "--async_generation", "true",
+                   "--max_staleness", "1", "--max_steps", "500", "--save_strategy", "steps", "--save_steps", "1",
+                   "--output_dir", str(output)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        with open(tmp_path / "train.err", "w") as errors:
+            run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+            deadline = time.monotonic() + 600
+            while not (output / "checkpoint-2").is_dir():
+                assert run.poll() is None, (tmp_path / "train.err").read_text()[-5000:]
+                assert time.monotonic() < deadline, "no second checkpoint within 600 s"
+                time.sleep(0.5)
+            stop_server(server)
+            code = run.wait(timeout=600)
+    stderr = (tmp_path / "train.err").read_text()
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    print(lines)
+    assert code == 1 and len(lines) == 1, stderr[-5000:]
+    line = lines[0]
+    assert "RolloutProcessError" in line and "the thread asking the vLLM server failed" in line, line
+    assert "Traceback" not in line  # the server thread's traceback is chained, not in the line
+    state = json.loads((output / "trainer_state.json").read_text())
+    stopped_after = state["global_step"]
+    assert stopped_after < 500 and f"step {stopped_after + 1}" in line
+    for step in range(1, stopped_after + 1):
+        assert (output / f"checkpoint-{step}").is_dir(), step

@@ -1,5 +1,5 @@
 """The settings asynchronous generation cannot serve, refused in one line when the config is built (before any model
-loads); what it needs from the launch (one process) is checked when the rollout process starts."""
+loads)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 def check_async_config(args: Any) -> None:
     """Raise ``ConfigError`` naming the setting when ``async_generation`` is on with one it cannot serve yet
-    (``max_staleness`` set while it is off is said once, as every field of a feature that is off: its ``acts_when``)."""
+    (``max_staleness`` set while it is off is said once, as every field of a feature that is off: its
+    ``acts_when``)."""
     from sharpgrpo.validation import ConfigError
 
     if not args.async_generation:
@@ -18,8 +19,6 @@ def check_async_config(args: Any) -> None:
          f"vllm_mode={args.vllm_mode!r}: a colocated engine generates only when the trainer does; use "
          "vllm_mode='server' (a vLLM server generates ahead) or leave use_vllm off (a rollout process of its own)"),
         (args.dynamic_sampling, "dynamic_sampling: its refill rounds generate prompts the read-ahead cannot know"),
-        (bool(args.deepspeed) or bool(args.fsdp), "DeepSpeed or FSDP: the rollout process takes the weights of one "
-                                                  "unsharded policy"),
         (args.use_transformers_continuous_batching, "use_transformers_continuous_batching: the rollout process "
                                                     "runs transformers' generate"),
     ]
@@ -27,9 +26,3 @@ def check_async_config(args: Any) -> None:
         if refused_here:
             raise ConfigError(f"async_generation with {why}.")
 
-
-def check_async_launch(num_processes: int) -> None:
-    """One process: the rollout process serves one trainer process."""
-    if num_processes > 1:
-        raise ValueError(f"async_generation runs one rollout process for one trainer process; this launch has "
-                         f"{num_processes} processes.")

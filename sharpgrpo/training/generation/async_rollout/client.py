@@ -15,6 +15,10 @@ Weights are published at every call (one version per generation batch, numbered 
 a batch's staleness is the trainer's step minus the version it was generated with (``async/staleness``). At
 ``max_staleness: 0`` every batch is generated on demand with the current weights and the trainer's random state,
 which comes back afterwards, so training equals the synchronous trainer's.
+
+With several trainer processes each has a rollout process of its own and reads ahead its own share of the data order
+(:func:`predicted_prompts`); the policy is published whole (``weights.whole_policy``: ZeRO-3 gathered, FSDP2's
+DTensors made whole).
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ from typing import Any
 
 import torch
 
-from sharpgrpo.training.generation.async_rollout.checks import check_async_launch
-from sharpgrpo.training.generation.async_rollout.weights import SharedMemoryWeights, plain_state_dict
+from sharpgrpo.training.generation.async_rollout.weights import SharedMemoryWeights, whole_policy
 from sharpgrpo.training.generation.async_rollout.worker import WorkerSpec, run_rollout_worker
 from sharpgrpo.training.generation.policy_inputs import causal_lm
 
@@ -39,17 +42,34 @@ READ_AHEAD_LIMIT = 100_000  # batches searched for the trainer's position before
 
 
 class RolloutProcessError(RuntimeError):
-    """The rollout process died or failed a job."""
+    """The rollout process died or failed a job (one line; the engine's own traceback is chained to it)."""
 
 
-def predicted_prompts(trainer) -> Iterator[list[Any]]:
-    """The prompts of the generation batches the trainer will ask for, in order (module docstring)."""
-    from torch.utils.data import DataLoader
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in the rollout engine, chained to the trainer's one-line
+    :class:`RolloutProcessError` (printed with it by ``--debug``, as ``concurrent.futures`` chains a worker's)."""
 
+    def __str__(self) -> str:
+        return f"\n{self.args[0]}"
+
+
+def predicted_prompts(trainer, process_index: int | None = None) -> Iterator[list[Any]]:
+    """The prompts of the generation batches that process ``process_index`` (default: this one) will ask for, in order
+    (module docstring). With several processes each takes its share of the sampler's batches as accelerate's
+    ``prepare_data_loader`` deals them (its ``BatchSamplerShard``, with the trainer's accelerator settings)."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler, DataLoader
+
+    accelerator = trainer.accelerator
     generate_every = trainer.args.steps_per_generation * trainer.num_iterations
     batch_size = trainer._train_batch_size * trainer.args.steps_per_generation  # TRL's get_train_dataloader
-    loader = DataLoader(trainer.train_dataset, batch_size=batch_size, sampler=trainer._get_train_sampler(),
-                        collate_fn=trainer.data_collator)
+    batches = BatchSampler(trainer._get_train_sampler(), batch_size, drop_last=trainer.args.dataloader_drop_last)
+    if accelerator.num_processes > 1:
+        batches = BatchSamplerShard(
+            batches, num_processes=accelerator.num_processes,
+            process_index=accelerator.process_index if process_index is None else process_index,
+            split_batches=accelerator.split_batches, even_batches=accelerator.even_batches)
+    loader = DataLoader(trainer.train_dataset, batch_sampler=batches, collate_fn=trainer.data_collator)
     position = 0
     while True:
         for batch in loader:
@@ -90,20 +110,27 @@ class AsyncRollouts:
         self._index = 0
         self._prompt_ids: dict[int, list[list[int]]] = {}  # each job's tokenized prompts, until its batch is served
         self._published = None
+        self._started = False
 
     # --- the rollout process ---------------------------------------------------------------------------------
     def _start(self, trainer) -> None:
-        check_async_launch(trainer.accelerator.num_processes)
         self._start_engine(trainer)
-        weakref.finalize(self, type(self)._stop, self._process, self._jobs)
-        self._stream = predicted_prompts(trainer) if self.max_staleness > 0 else None
+        if self._process is not None:
+            weakref.finalize(self, type(self)._stop, self._process, self._jobs)
+        self._stream = self._predicted(trainer) if self.max_staleness > 0 else None
+        self._started = True
+
+    def _predicted(self, trainer) -> Iterator[list[Any]]:
+        """The read-ahead: the prompts of this process's coming generation batches (its rollout process serves it
+        alone)."""
+        return predicted_prompts(trainer)
 
     def _start_engine(self, trainer) -> None:
         """Start the rollout process (``self._process``) with its job and result queues."""
         context = torch.multiprocessing.get_context("spawn")
         model = causal_lm(trainer.accelerator, trainer.model)
-        self._weights = SharedMemoryWeights(plain_state_dict(trainer.accelerator.unwrap_model(trainer.model)),
-                                            context)
+        with whole_policy(trainer) as state:
+            self._weights = SharedMemoryWeights(state, context)
         spec = WorkerSpec(
             model_config=model.config, generation_config=model.generation_config,
             trainer_generation_config=trainer.generation_config, generation_kwargs=trainer.generation_kwargs,
@@ -133,7 +160,8 @@ class AsyncRollouts:
     def _publish(self, trainer) -> None:
         step = trainer.state.global_step
         if step != self._published:
-            self._weights.publish(plain_state_dict(trainer.accelerator.unwrap_model(trainer.model)), step)
+            with whole_policy(trainer) as state:
+                self._weights.publish(state, step)
             self._published = step
 
     def _submit(self, trainer, prompts: list[Any], rng_state: torch.Tensor | None = None,
@@ -161,35 +189,43 @@ class AsyncRollouts:
                         "returning a batch; the trainer stops here.") from None
                 continue
             if "error" in result:
-                raise RolloutProcessError(f"async_generation: {self.engine} failed: {result['error']}\n"
-                                          f"{result['traceback']}")
+                raise RolloutProcessError(f"async_generation: {self.engine} failed: {result['error']}") \
+                    from RemoteTraceback(result["traceback"])
             if result["index"] == index:
                 return result
 
     # --- TRL's rollout_func ----------------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer) -> dict[str, Any]:
-        if self._process is None:
-            self._start(trainer)
-        self._publish(trainer)
-        training = trainer.model.training
         started = time.perf_counter()
-        if not training or self._stream is None:
-            result = self._on_demand(trainer, prompts)
-        else:
-            result = self._pipelined(trainer, prompts)
-        if training:
+        result = self._rollout(prompts, trainer)
+        if trainer.model.training:
             metrics = trainer._metrics["train"]
             metrics["async/staleness"].append(float(trainer.state.global_step - result["version"]))
             metrics["async/wait_seconds"].append(time.perf_counter() - started)
+            if result.get("regenerated"):
+                metrics["async/regenerated"].append(1.0)
         wanted = capture_wanted(trainer)
         trainer._generation.captured = {key: value for key, value in result["captured"].items() if wanted.get(key)}
         logprobs = result.get("logprobs")  # a vLLM server's (``server.py``), else the rollout process's capture
         if logprobs is None:
             logps = result["captured"]["logps"]
             logprobs = [logps[row, :len(ids)].tolist() for row, ids in enumerate(result["completion_ids"])]
-        return {"prompt_ids": self._prompt_ids.pop(result["index"]), "completion_ids": result["completion_ids"],
+        return {"prompt_ids": result["prompt_ids"], "completion_ids": result["completion_ids"],
                 "logprobs": logprobs,
                 "policy_version": [result["version"]] * len(prompts)}  # TRL merges it into the rows (telemetry)
+
+    def _rollout(self, prompts: list[Any], trainer) -> dict[str, Any]:
+        """The rollout engine's result for ``prompts`` (``prompt_ids``, ``completion_ids``, ``captured``, the
+        ``version`` of the weights it was generated with; ``regenerated`` when it was not the predicted batch)."""
+        if not self._started:
+            self._start(trainer)
+        self._publish(trainer)
+        if not trainer.model.training or self._stream is None:
+            result = self._on_demand(trainer, prompts)
+        else:
+            result = self._pipelined(trainer, prompts)
+        result["prompt_ids"] = self._prompt_ids.pop(result["index"])
+        return result
 
     def _on_demand(self, trainer, prompts: list[Any]) -> dict[str, Any]:
         """Generate ``prompts`` now, with the current weights and the trainer's random state, which the trainer takes
@@ -208,12 +244,11 @@ class AsyncRollouts:
             index, _ = self._in_flight.popleft()
             result = self._result(index)
         else:  # not the predicted batch: drop what is in flight, find the trainer's position, generate now
-            if self._index > 0 or self._in_flight:
-                trainer._metrics["train"]["async/regenerated"].append(1.0)
+            regenerated = self._index > 0 or bool(self._in_flight)
             self._in_flight.clear()
             self._prompt_ids.clear()
             self._seek(prompts)
-            result = self._result(self._submit(trainer, prompts))
+            result = {**self._result(self._submit(trainer, prompts)), "regenerated": regenerated}
         while self._stream is not None and len(self._in_flight) < self.max_staleness:
             upcoming = next(self._stream)
             self._in_flight.append((self._submit(trainer, upcoming), upcoming))

@@ -25,7 +25,7 @@ import traceback
 import weakref
 from typing import Any
 
-from sharpgrpo.training.generation.async_rollout.client import AsyncRollouts
+from sharpgrpo.training.generation.async_rollout.client import AsyncRollouts, predicted_prompts
 from sharpgrpo.training.generation.vllm_seeding import server_generation_kwargs
 
 
@@ -77,18 +77,48 @@ class ServerRolloutThread(threading.Thread):
 
 
 class ServerAsyncRollouts(AsyncRollouts):
-    """``AsyncRollouts`` whose rollout engine is a vLLM server asked by :class:`ServerRolloutThread`."""
+    """``AsyncRollouts`` whose rollout engine is a vLLM server asked by :class:`ServerRolloutThread`. With several
+    trainer processes, as TRL's synchronous server mode does, the main process asks the server for everyone's prompts
+    (gathered) and every process takes its rows of the result (broadcast): one thread, so one order of weight pushes
+    and jobs, and the same weight version on every process."""
 
     engine = "the thread asking the vLLM server"
 
     def _start_engine(self, trainer) -> None:
-        """Start the thread (``self._process``; a LoRA policy is merged by TRL's own iterator) with its queues."""
+        """Start the thread (``self._process``; a LoRA policy is merged by TRL's own iterator) with its queues, on
+        the main process; every process's TRL sync becomes :meth:`enqueue_weights`."""
+        self._trainer = weakref.ref(trainer)
+        trainer.vllm_generation.sync_weights = self.enqueue_weights  # TRL's sync, before each rollout_func call
+        if not trainer.accelerator.is_main_process:
+            return
         self._jobs, self._results = queue.Queue(), queue.Queue()
         self._process = ServerRolloutThread(trainer.vllm_generation, trainer.args, self._jobs, self._results)
         self._process.loaded = trainer.state.global_step  # TRL's own sync ran just before this first call
         self._process.start()
-        self._trainer = weakref.ref(trainer)
-        trainer.vllm_generation.sync_weights = self.enqueue_weights  # TRL's sync, before each rollout_func call
+
+    def _predicted(self, trainer):
+        """The read-ahead of the main process: each coming generation batch of every process, in process order (as
+        TRL's server mode gathers the prompts)."""
+        processes = range(trainer.accelerator.num_processes)
+        streams = [predicted_prompts(trainer, process) for process in processes]
+        return ([prompt for batch in batches for prompt in batch] for batches in zip(*streams))
+
+    def _rollout(self, prompts: list[Any], trainer) -> dict[str, Any]:
+        """With several processes: everyone's prompts gathered, the main process's result for all of them broadcast,
+        and this process's rows of it (module docstring)."""
+        accelerator = trainer.accelerator
+        if accelerator.num_processes == 1:
+            return super()._rollout(prompts, trainer)
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        everyone = gather_object(prompts)
+        if not self._started and not accelerator.is_main_process:
+            self._start_engine(trainer)
+            self._started = True
+        result = super()._rollout(everyone, trainer) if accelerator.is_main_process else None
+        result = broadcast_object_list([result], from_process=0)[0]
+        rows = slice(accelerator.process_index * len(prompts), (accelerator.process_index + 1) * len(prompts))
+        return {**result, **{key: result[key][rows] for key in ("prompt_ids", "completion_ids", "logprobs")}}
 
     @staticmethod
     def _stop(thread, jobs) -> None:
@@ -100,7 +130,12 @@ class ServerAsyncRollouts(AsyncRollouts):
         """TRL's ``sync_weights`` in its place: a copy of the policy's tensors as TRL's sync iterates them (ZeRO-3
         gathering, a PEFT merge), queued before the jobs submitted after it."""
         trainer = self._trainer()
-        weights = [(name, tensor.detach().clone()) for name, tensor in trainer.vllm_generation._iter_named_params()]
+        named = trainer.vllm_generation._iter_named_params()  # a collective under ZeRO-3: every process iterates
+        if not trainer.accelerator.is_main_process:
+            for _ in named:
+                pass
+            return
+        weights = [(name, tensor.detach().clone()) for name, tensor in named]
         self._jobs.put({"weights": weights, "version": trainer.state.global_step})
 
     def _publish(self, trainer) -> None:

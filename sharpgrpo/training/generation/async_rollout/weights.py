@@ -16,7 +16,12 @@ rounds the trainer's weights.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+
+from sharpgrpo.training.generation.policy_inputs import gathered_parameter, zero3_enabled
 
 
 @torch.no_grad()
@@ -41,6 +46,22 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         plain = name.replace(".base_layer", "").replace("modules_to_save.default.", "")
         state[plain] = tensor + deltas[plain].to(tensor.dtype) if plain in deltas else tensor
     return state
+
+
+@contextlib.contextmanager
+def whole_policy(trainer) -> Iterator[dict[str, torch.Tensor]]:
+    """The trainer's policy as its :func:`plain_state_dict`, whole for the duration of the block, on every process
+    (all must enter together): under DeepSpeed ZeRO-3 every parameter is gathered (the whole model is held once on
+    each process meanwhile, as when ZeRO-3 saves a 16-bit model), under FSDP2 each DTensor with ``full_tensor()``;
+    without sharding it is the policy's own tensors."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    gathered = contextlib.nullcontext()
+    if zero3_enabled(trainer.accelerator):
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+    with gathered:
+        yield {name: gathered_parameter(tensor) for name, tensor in plain_state_dict(model).items()}
 
 
 class SharedMemoryWeights:
