@@ -204,3 +204,38 @@ def test_a_lora_policy_trains_asynchronously_on_its_own_weights(tiny_model_path,
     assert all(math.isfinite(v) for entry in logs for v in entry.values() if isinstance(v, float))
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(after[name], value) for name, value in adapters.items())
+
+
+def test_what_if_on_an_asynchronous_run(tiny_model_path, tmp_path):
+    """``sharpgrpo tokens --what-if`` on the telemetry of a stale step: the run rejects the tokens whose ratio of the
+    recomputed policy to the behaviour policy (one version behind) is below 1, the what-if those above 1, and its
+    counts are the ones the telemetry's own log-probabilities give."""
+    import contextlib
+    import io
+
+    import numpy as np
+
+    from sharpgrpo.cli.tokens import main
+    from sharpgrpo.diagnostics.telemetry import read_telemetry
+
+    run = tmp_path / "run"
+    trainer = train(tiny_model_path, run, max_steps=2, async_generation=True, max_staleness=1,
+                    token_telemetry=True, telemetry_steps=1, strategies=["rollout_correction"], rollout_is="token",
+                    rollout_is_threshold=1.0, rollout_rs="token_k1", rollout_rs_threshold="1e-30_1.0")
+    assert [e["async/staleness"] for e in trainer.state.log_history if "loss" in e] == [0.0, 1.0]
+    frame, meta = read_telemetry(run / "telemetry" / "telemetry_000002.parquet")
+    assert (frame["versions_behind"] == 1).all() and meta["sampling_logps"] is True
+    loss = frame["mask"].to_numpy() == 1
+    old = frame["old_logp"].to_numpy(dtype=np.float32)[loss]
+    sampling = frame["sampling_logp"].to_numpy(dtype=np.float32)[loss]
+    below, above = old < sampling, old > sampling
+    assert below.sum() > 0 and above.sum() > 0
+    rejected = frame["rollout_correction/rejected"].to_numpy()[loss]
+    assert np.array_equal(rejected, below.astype(rejected.dtype))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = main(["--telemetry", str(run), "--step", "2", "--what-if", "rollout_rs_threshold=1.0_1e30",
+                       "--max_groups", "99", "--output", str(tmp_path / "what_if")])
+    what = result["what_if"]
+    assert (what["only_what_if"], what["only_run"], what["both"]) == (int(above.sum()), int(below.sum()), 0)
+    assert (tmp_path / "what_if" / "tokens.html").is_file()
