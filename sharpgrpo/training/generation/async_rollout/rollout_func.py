@@ -3,6 +3,7 @@ vLLM server asked by a thread (``server.ServerAsyncRollouts``)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sharpgrpo.training.generation.async_rollout.client import AsyncRollouts
@@ -15,6 +16,7 @@ def async_rollout_kwargs(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     of the caller's own is refused: one generation path)."""
     if not getattr(args, "async_generation", False):
         return kwargs
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the rollout_func is sharpgrpo's, not the user's
     if kwargs.get("rollout_func") is not None:
         raise ValueError("async_generation: generation runs in sharpgrpo's rollout process, so a rollout_func of your "
                          "own cannot be used with it; drop one of them.")
