@@ -169,21 +169,25 @@ def test_asynchronous_generation_with_the_server_as_rollout_engine(max_staleness
     trainer.rollout_func.close()
 
 
-@pytest.mark.parametrize("max_staleness", [None, 0, 1])
-def test_two_trainer_processes_train_against_one_server(max_staleness, tiny_vllm_model, vllm_server, tmp_path):
+@pytest.mark.parametrize("max_staleness, launch_config", [(None, "multi_gpu"), (0, "multi_gpu"), (1, "multi_gpu"),
+                                                           (0, "zero3")])
+def test_two_trainer_processes_train_against_one_server(max_staleness, launch_config, tiny_vllm_model, vllm_server,
+                                                        tmp_path):
     """Two processes (``accelerate launch``, gloo on the CPU) train against the one server: the main process gathers
     both processes' prompts, pushes the weights and asks the server (TRL's server mode on several processes). After
     the first step's update the server samples with the trained weights (TRL's sampler-trainer gap at the float32
     level). Asynchronously (``max_staleness`` 0 or 1) the main process's thread does the same ahead of the trainer for
     both processes' rows: at staleness 0 the gap stays at the float32 level; at staleness 1 every batch after the first
     is one version behind (the gap is the step the policy moved since), and the main process's read-ahead of both
-    processes' shares was right (nothing regenerated)."""
+    processes' shares was right (nothing regenerated). Under DeepSpeed ZeRO-3 every process iterates TRL's gathering
+    parameter iterator and the main process's thread pushes the whole weights (the gap at staleness 0 says they
+    arrived)."""
     repo = Path(__file__).resolve().parents[2]
     output = tmp_path / "run"
     steps = 2 if max_staleness is None else 3
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(repo / "configs/accelerate/multi_gpu.yaml"), "--num_processes", "2", "--mixed_precision", "no",
-               "--main_process_port", str(free_port()), "-m", "sharpgrpo.cli.train", "--config", "demo",
+               str(repo / f"configs/accelerate/{launch_config}.yaml"), "--num_processes", "2", "--mixed_precision",
+               "no", "--main_process_port", str(free_port()), "-m", "sharpgrpo.cli.train", "--config", "demo",
                "--model_name_or_path", tiny_vllm_model, "--use_vllm", "true", "--vllm_mode", "server",
                "--vllm_server_base_url", vllm_server, "--vllm_server_timeout", "30", "--temperature", "1.0",
                "--max_steps", str(steps), "--output_dir", str(output)]
@@ -192,6 +196,8 @@ def test_two_trainer_processes_train_against_one_server(max_staleness, tiny_vllm
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    if launch_config == "zero3":  # DeepSpeed's CPU communication op, loaded by its engine
+        assert "deepspeed_shm_comm_op" in result.stdout + result.stderr
     state = json.loads((output / "trainer_state.json").read_text())
     logs = [entry for entry in state["log_history"] if "loss" in entry]
     gaps = [entry["sampling/sampling_logp_difference/max"] for entry in logs]
