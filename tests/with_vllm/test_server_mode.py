@@ -251,7 +251,11 @@ def test_a_server_that_stops_ends_an_asynchronous_run_in_one_line_with_its_check
                    "--vllm_server_timeout", "30", "--temperature", "1.0", "--async_generation", "true",
                    "--max_staleness", "1", "--max_steps", "500", "--save_strategy", "steps", "--save_steps", "1",
                    "--output_dir", str(output)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        # One process of its own: not the distributed settings an in-process colocated engine of an earlier test left
+        # in this process's environment (TRL sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM), with which
+        # accelerate would set up a process group on a port that engine holds.
+        launch = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        env = {**{k: v for k, v in os.environ.items() if k not in launch}, "HF_HUB_OFFLINE": "1"}
         with open(tmp_path / "train.err", "w") as errors:
             run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=errors)
             deadline = time.monotonic() + 600
