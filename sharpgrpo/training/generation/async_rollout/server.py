@@ -111,10 +111,9 @@ class ServerAsyncRollouts(AsyncRollouts):
             return super()._rollout(prompts, trainer)
         from accelerate.utils import broadcast_object_list, gather_object
 
+        if not self._started:  # every process: TRL's sync becomes enqueue_weights; the thread on the main one only
+            self._start(trainer)
         everyone = gather_object(prompts)
-        if not self._started and not accelerator.is_main_process:
-            self._start_engine(trainer)
-            self._started = True
         result = super()._rollout(everyone, trainer) if accelerator.is_main_process else None
         result = broadcast_object_list([result], from_process=0)[0]
         rows = slice(accelerator.process_index * len(prompts), (accelerator.process_index + 1) * len(prompts))
